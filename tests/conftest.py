@@ -1,0 +1,51 @@
+"""Shared test helpers.
+
+Tests that need a system program (sshd, rsync, tmux, shellcheck, ...) call
+``need(program)``: on a plain laptop a missing program is a skip with the reason;
+in CI (``RGT_REQUIRE_ALL=1``, set by ``.ci/run``) it is a failure, so CI can never
+pass by skipping.
+"""
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+SHARED = REPO.parent / "shared"
+STRICT = os.environ.get("RGT_REQUIRE_ALL") == "1"
+
+
+def missing(reason: str):
+    """Skip locally, fail in CI."""
+    if STRICT:
+        pytest.fail(f"{reason} (RGT_REQUIRE_ALL=1 forbids skipping)")
+    pytest.skip(reason)
+
+
+def need(program: str) -> str:
+    """Return the path of a system program, or skip/fail when it is absent."""
+    path = shutil.which(program) or (shutil.which(program, path="/usr/sbin:/sbin") if program == "sshd" else None)
+    if not path:
+        missing(f"{program} is not installed")
+    return path
+
+
+def need_module(name: str):
+    """Import a Python module, or skip/fail when it is absent."""
+    try:
+        return __import__(name)
+    except ImportError:
+        missing(f"Python module {name} is not installed")
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def py() -> str:
+    return sys.executable
