@@ -1,0 +1,109 @@
+"""scripts/install_skill.py against a temporary HOME: copy, link, update, refuse, dry-run, verify."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+SKILL = "remote-gpu-trainer"
+
+
+def run(home, *args, script=REPO / "scripts" / "install_skill.py"):
+    env = {**os.environ, "HOME": str(home)}
+    return subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def home(tmp_path):
+    h = tmp_path / "home"
+    h.mkdir()
+    return h
+
+
+def test_default_install_copies_for_claude_and_the_shared_folder(home):
+    res = run(home)
+    assert res.returncode == 0, res.stderr
+    for folder in (".claude/skills", ".agents/skills"):
+        dest = home / folder / SKILL
+        assert dest.is_dir() and not dest.is_symlink()
+        assert (dest / "SKILL.md").read_bytes() == (REPO / "SKILL.md").read_bytes()
+        for carried in ("references", "profiles", "scripts", "LICENSE"):
+            assert (dest / carried).exists(), carried
+        for left_out in ("tests", "evals", ".ci", ".github", ".git"):
+            assert not (dest / left_out).exists(), left_out
+        assert json.loads((dest / ".rgt-install.json").read_text())["skill"] == SKILL
+    # nothing but the skill folder is left behind (no staging debris)
+    assert sorted(p.name for p in (home / ".claude/skills").iterdir()) == [SKILL]
+
+
+def test_link_install_points_at_the_checkout(home):
+    res = run(home, "--agent", "claude", "--link")
+    assert res.returncode == 0, res.stderr
+    dest = home / ".claude/skills" / SKILL
+    assert dest.is_symlink() and dest.resolve() == REPO.resolve()
+
+
+def test_reinstall_updates_our_own_install(home):
+    assert run(home, "--agent", "claude").returncode == 0
+    dest = home / ".claude/skills" / SKILL
+    (dest / ".rgt-install.json").write_text(json.dumps({"skill": SKILL}))  # an older copy of ours
+    (dest / "SKILL.md").write_text("---\nname: remote-gpu-trainer\ndescription: old\n---\nold\n")
+    res = run(home, "--agent", "claude")
+    assert res.returncode == 0, res.stderr
+    assert "replaced" in res.stdout
+    assert (dest / "SKILL.md").read_bytes() == (REPO / "SKILL.md").read_bytes()
+
+
+def test_refuses_a_foreign_folder_and_leaves_it_untouched(home):
+    dest = home / ".agents/skills" / SKILL
+    dest.mkdir(parents=True)
+    (dest / "notes.txt").write_text("mine")
+    res = run(home, "--agent", "codex")
+    assert res.returncode == 3
+    assert "not an install of ours" in res.stderr and "Traceback" not in res.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["notes.txt"]
+    res = run(home, "--agent", "codex", "--force")
+    assert res.returncode == 0, res.stderr
+    assert (dest / "SKILL.md").is_file() and not (dest / "notes.txt").exists()
+
+
+def test_dry_run_changes_nothing(home):
+    res = run(home, "--agent", "all", "--dry-run")
+    assert res.returncode == 0
+    assert "DRY-RUN would create" in res.stdout
+    assert list(home.iterdir()) == []
+
+
+def test_target_folder(home, tmp_path):
+    target = tmp_path / "custom-skills"
+    res = run(home, "--target", str(target))
+    assert res.returncode == 0, res.stderr
+    assert (target / SKILL / "SKILL.md").is_file()
+    assert not (home / ".claude").exists()
+
+
+def test_a_copy_that_fails_verification_keeps_the_old_install(home, tmp_path):
+    assert run(home, "--agent", "claude").returncode == 0
+    dest = home / ".claude/skills" / SKILL
+    before = (dest / "SKILL.md").read_bytes()
+    # a broken checkout: SKILL.md links to a file it does not carry
+    broken = tmp_path / "checkout"
+    shutil.copytree(REPO, broken, ignore=shutil.ignore_patterns(".git", "tests", "__pycache__"))
+    skill = broken / "SKILL.md"
+    skill.write_text(skill.read_text() + "\n[gone](references/does-not-exist.md)\n")
+    res = run(home, "--agent", "claude", script=broken / "scripts" / "install_skill.py")
+    assert res.returncode == 1
+    assert "does-not-exist.md" in res.stderr
+    assert (dest / "SKILL.md").read_bytes() == before
+    assert sorted(p.name for p in (home / ".claude/skills").iterdir()) == [SKILL]
+
+
+def test_bad_usage_is_one_line_exit_2(home):
+    res = run(home, "--agent", "notepad")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    res = run(home, "--project", str(home / "missing"))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1

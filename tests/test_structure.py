@@ -1,0 +1,228 @@
+"""Structure tests: the skill is spec-valid, lean, linked, reachable, consistent and clean.
+
+Each check runs on the repo (must be clean) and on a deliberately broken copy (must complain),
+so no check can pass by being unable to fail.
+"""
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import structure_checks as sc
+from conftest import REPO, SHARED, need
+
+BROKEN_KEY = "-----BEGIN " + "OPENSSH PRIVATE KEY-----"  # split so this file does not trip the scan
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of the repo's Markdown and scripts to break."""
+    root = tmp_path / "remote-gpu-trainer"
+    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache",
+                                                               ".hypothesis", "*.pt", "runs"))
+    return root
+
+
+# --- the official validator -------------------------------------------------------------------
+
+def validate(path):
+    exe = need("agentskills")
+    return subprocess.run([exe, "validate", str(path)], capture_output=True, text=True)
+
+
+def test_official_validator_passes(tmp_path):
+    link = tmp_path / "remote-gpu-trainer"
+    link.symlink_to(REPO, target_is_directory=True)
+    res = validate(link)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_official_validator_rejects_a_bad_name(tree):
+    skill = tree / "SKILL.md"
+    skill.write_text(skill.read_text().replace("name: remote-gpu-trainer", "name: Remote_GPU", 1))
+    assert validate(tree).returncode != 0
+
+
+# --- frontmatter and budget -------------------------------------------------------------------
+
+def test_frontmatter_rules():
+    assert sc.check_frontmatter(REPO) == []
+
+
+@pytest.mark.parametrize("old,new,expect", [
+    ("license: MIT", "license: GPL-3.0", "license"),
+    ("name: remote-gpu-trainer", "name: other", "name"),
+    ("license: MIT", "license: MIT\nchangelog: v1", "non-standard"),
+])
+def test_frontmatter_rules_catch_breaks(tree, old, new, expect):
+    skill = tree / "SKILL.md"
+    skill.write_text(skill.read_text().replace(old, new, 1))
+    assert any(expect in p for p in sc.check_frontmatter(tree))
+
+
+def test_frontmatter_catches_long_description(tree):
+    skill = tree / "SKILL.md"
+    text = skill.read_text()
+    skill.write_text(text.replace("description: >-\n", "description: >-\n  " + "x" * 1100 + "\n", 1))
+    assert any("1024" in p for p in sc.check_frontmatter(tree))
+
+
+def test_skill_body_within_budget():
+    assert sc.check_budget(REPO) == []
+
+
+def test_budget_catches_a_long_body(tree):
+    skill = tree / "SKILL.md"
+    skill.write_text(skill.read_text() + ("padding line\n" * 1000))
+    problems = sc.check_budget(tree)
+    assert any("characters" in p for p in problems) and any("lines" in p for p in problems)
+
+
+# --- links, anchors, reachability ---------------------------------------------------------------
+
+def test_links_and_anchors_resolve():
+    assert sc.check_links(REPO) == []
+
+
+def test_links_check_catches_missing_file_and_anchor(tree):
+    (tree / "references" / "broken.md").write_text(
+        "# Broken\n\n[gone](nowhere.md) and [bad anchor](../SKILL.md#no-such-heading)\n")
+    problems = sc.check_links(tree)
+    assert any("missing file nowhere.md" in p for p in problems)
+    assert any("#no-such-heading" in p for p in problems)
+
+
+def test_slug_matches_github():
+    assert sc.slug("U7 — Save fails while `df` shows space") == "u7--save-fails-while-df-shows-space"
+    assert sc.slug("2. Storage (survival matrix)") == "2-storage-survival-matrix"
+
+
+def test_every_reference_and_profile_reachable_in_two_hops():
+    assert sc.check_reachability(REPO) == []
+
+
+def test_reachability_catches_an_orphan_and_a_deep_file(tree):
+    (tree / "references" / "orphan.md").write_text("# Orphan\n")
+    problems = sc.check_reachability(tree)
+    assert any("orphan.md" in p for p in problems)
+    # a chain SKILL -> a -> b -> c puts c three hops away
+    refs = tree / "references"
+    (refs / "c.md").write_text("# C\n")
+    (refs / "b.md").write_text("# B\n[c](c.md)\n")
+    (refs / "a.md").write_text("# A\n[b](b.md)\n")
+    skill = tree / "SKILL.md"
+    skill.write_text(skill.read_text() + "\n[a](references/a.md)\n")
+    problems = sc.check_reachability(tree)
+    assert any("c.md" in p for p in problems) and not any("/b.md" in p for p in problems)
+
+
+# --- gotcha entries -----------------------------------------------------------------------------
+
+def test_entry_ids_unique_and_complete():
+    assert sc.check_entries(REPO) == []
+
+
+def test_entries_exist():
+    assert len(list(sc.entries(REPO))) > 0
+
+
+def test_entry_check_catches_duplicates_and_missing_parts(tree):
+    (tree / "references" / "dup.md").write_text(
+        "# Dup\n\n### ZZ1 — First\n**Symptom** a **Cause** b **Fix** c **Check** d\n\n"
+        "### ZZ1 — Again\n**Symptom** a **Cause** b **Fix** c\n")
+    problems = sc.check_entries(tree)
+    assert any("duplicate entry ID ZZ1" in p for p in problems)
+    assert any("lacks Check" in p for p in problems)
+
+
+# --- shell, secrets, overlap --------------------------------------------------------------------
+
+def test_shell_scripts_pass_shellcheck():
+    assert sc.shell_files(REPO), "no shell scripts found"
+    assert sc.check_shellcheck(REPO, need("shellcheck")) == []
+
+
+def test_shellcheck_catches_a_bad_script(tmp_path):
+    (tmp_path / "bad.sh").write_text("#!/usr/bin/env bash\nrm -rf $1/*\necho $undefined_var\n")
+    assert sc.check_shellcheck(tmp_path, need("shellcheck")) != []
+
+
+def test_no_secrets_in_tree():
+    assert sc.check_secrets(REPO) == []
+
+
+def test_secret_scan_catches_a_key_and_a_token(tmp_path):
+    (tmp_path / "leak.txt").write_text(BROKEN_KEY + "\nexport HF_TOKEN=hf_" + "a1B2" * 9 + "\n")
+    problems = sc.check_secrets(tmp_path)
+    assert any("private key" in p for p in problems) and any("Hugging Face" in p for p in problems)
+
+
+def overlap(paths=()):
+    tool = SHARED / "tools" / "overlap_check.py"
+    if not tool.is_file():
+        pytest.skip("../shared/tools/overlap_check.py is absent (not a development checkout)")
+    return subprocess.run([sys.executable, str(tool), *map(str, paths)], cwd=REPO, capture_output=True, text=True)
+
+
+def test_no_text_copied_from_the_sources():
+    res = overlap()
+    assert "FAIL" not in res.stdout, res.stdout[-3000:]
+
+
+def test_overlap_check_catches_copied_text(tmp_path):
+    src = next((SHARED / "sources" / "upstream" / "references" / "run-remote").glob("*.md"), None)
+    if src is None:
+        pytest.skip("sources are absent")
+    copied = REPO / "references" / "_overlap_probe.md"
+    copied.write_text(src.read_text()[:4000])
+    try:
+        res = overlap([copied])
+    finally:
+        copied.unlink()
+    assert res.returncode != 0 and "FAIL" in res.stdout
+
+
+# --- README, CI and the scripts SKILL.md shows ----------------------------------------------------
+
+def ci_test_command():
+    m = re.search(r"^TEST_CMD='([^']+)'", (REPO / ".ci" / "run").read_text(), re.M)
+    assert m, ".ci/run defines no TEST_CMD"
+    return m.group(1)
+
+
+def test_readme_has_exactly_two_commands_up_front_and_ci_runs_the_test_one():
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S).group(1)
+    commands = [l.split("#")[0].strip() for l in block.splitlines() if l.strip()]
+    assert len(commands) == 2
+    assert commands[0] == "python3 scripts/demo_lifecycle.py"
+    assert commands[1] == ci_test_command()
+
+
+def test_ci_requires_every_test_to_run():
+    text = (REPO / ".ci" / "run").read_text()
+    assert "RGT_REQUIRE_ALL=1" in text
+    for pkg in ("openssh-server", "rsync", "tmux"):
+        assert pkg in text
+
+
+def skill_scripts():
+    text = (REPO / "SKILL.md").read_text()
+    return sorted(set(re.findall(r"`((?:scripts|examples)/[\w.-]+\.(?:py|sh))`", text)))
+
+
+def test_skill_md_names_only_existing_scripts():
+    missing = [s for s in skill_scripts() if not (REPO / s).is_file()]
+    assert skill_scripts() and missing == []
+
+
+@pytest.mark.parametrize("script", skill_scripts())
+def test_every_script_skill_md_shows_accepts_help(script):
+    path = REPO / script
+    cmd = [sys.executable, str(path), "--help"] if script.endswith(".py") else ["bash", str(path), "--help"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0, f"{script} --help exited {res.returncode}: {res.stderr[-500:]}"
+    assert "usage" in (res.stdout + res.stderr).lower()
+    assert "Traceback" not in res.stderr
