@@ -282,57 +282,73 @@ def nearest_existing(path):
     return cur
 
 
+PATH_FIELDS = ("path", "exists", "measured_at", "mount_point", "free_bytes", "free_gib", "total_bytes",
+               "free_inodes", "total_inodes")
+COPIED = ("mount_point", "free_bytes", "free_gib", "total_bytes", "free_inodes", "total_inodes")
+
+
+def new_mount(real, table):
+    mount = section(("mount_point", "fs_type", "source", "total_bytes", "free_bytes", "used_bytes",
+                     "free_gib", "total_inodes", "free_inodes", "used_inodes_pct"))
+    mount["paths"] = []
+    mount["inodes_dynamic"] = False
+    point, fstype, source = find_mount(real, table)
+    mount["mount_point"], mount["fs_type"], mount["source"] = point, fstype, source
+    if point is None:
+        missing(mount, "no matching line in /proc/self/mountinfo", "mount_point", "fs_type", "source")
+    try:
+        st = os.statvfs(real)
+    except OSError as exc:
+        missing(mount, "statvfs failed: %s" % exc.strerror, "total_bytes", "free_bytes", "used_bytes",
+                "free_gib", "total_inodes", "free_inodes", "used_inodes_pct")
+        return mount
+    mount["total_bytes"] = st.f_blocks * st.f_frsize
+    mount["free_bytes"] = st.f_bavail * st.f_frsize  # what an unprivileged writer can still use
+    mount["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+    mount["free_gib"] = round(mount["free_bytes"] / GIB, 2)
+    if st.f_files > 0:
+        mount["total_inodes"] = st.f_files
+        mount["free_inodes"] = st.f_favail
+        mount["used_inodes_pct"] = round(100.0 * (st.f_files - st.f_ffree) / st.f_files, 1)
+    else:
+        mount["inodes_dynamic"] = True
+        missing(mount, "filesystem reports no inode count (f_files=0): inodes are allocated on demand, "
+                "so there is no fixed inode cap", "total_inodes", "free_inodes", "used_inodes_pct")
+    return mount
+
+
 def probe_disks(paths):
-    """paths: [(role, path)]. Returns (mounts, per_role) with one statvfs per device."""
+    """paths: [(role, path)]. Returns (mounts, per_role): one statvfs per device, every path listed."""
     table = mount_table()
     mounts, by_dev, per_role = [], {}, {}
     for role, path in paths:
-        entry = {"path": path, "exists": None, "measured_at": None, "mount_point": None}
+        entry = section(PATH_FIELDS + ("inodes_dynamic",))
         per_role[role] = entry
         if not path:
+            missing(entry, "not given: pass --%s-dir, set %s_DIR, or use --profile" % (role, role.upper()),
+                    *(PATH_FIELDS + ("inodes_dynamic",)))
             continue
-        measured = nearest_existing(os.path.expanduser(path))
-        entry["exists"] = os.path.exists(os.path.expanduser(path))
+        entry["path"] = path
+        full = os.path.expanduser(path)
+        entry["exists"] = os.path.exists(full)
+        measured = nearest_existing(full)
         entry["measured_at"] = measured
         try:
             real = os.path.realpath(measured)
             dev = os.stat(real).st_dev
         except OSError as exc:
-            entry["error"] = "stat failed: %s" % exc.strerror
+            missing(entry, "stat %s failed: %s" % (measured, exc.strerror), *(COPIED + ("inodes_dynamic",)))
             continue
         if dev not in by_dev:
-            mount = section(("mount_point", "fs_type", "source", "total_bytes", "free_bytes", "used_bytes",
-                             "free_gib", "total_inodes", "free_inodes", "used_inodes_pct"))
-            mount["paths"] = []
-            point, fstype, source = find_mount(real, table)
-            mount["mount_point"], mount["fs_type"], mount["source"] = point, fstype, source
-            if point is None:
-                missing(mount, "no matching line in /proc/self/mountinfo", "mount_point", "fs_type", "source")
-            try:
-                st = os.statvfs(real)
-                mount["total_bytes"] = st.f_blocks * st.f_frsize
-                mount["free_bytes"] = st.f_bavail * st.f_frsize
-                mount["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
-                mount["free_gib"] = round(mount["free_bytes"] / GIB, 2)
-                if st.f_files > 0:
-                    mount["total_inodes"] = st.f_files
-                    mount["free_inodes"] = st.f_favail
-                    mount["used_inodes_pct"] = round(100.0 * (st.f_files - st.f_ffree) / st.f_files, 1)
-                else:
-                    missing(mount, "filesystem reports no inode count (f_files=0): inodes are allocated on "
-                            "demand here, so there is no fixed inode cap", "total_inodes", "free_inodes",
-                            "used_inodes_pct")
-                    mount["inodes_dynamic"] = True
-            except OSError as exc:
-                missing(mount, "statvfs failed: %s" % exc.strerror, "total_bytes", "free_bytes", "used_bytes",
-                        "free_gib", "total_inodes", "free_inodes", "used_inodes_pct")
-            by_dev[dev] = mount
-            mounts.append(mount)
-        by_dev[dev]["paths"].append({"role": role, "path": path})
-        entry["mount_point"] = by_dev[dev]["mount_point"]
-        for key in ("free_bytes", "free_gib", "total_bytes", "free_inodes", "total_inodes"):
-            entry[key] = by_dev[dev][key]
-        entry["inodes_dynamic"] = bool(by_dev[dev].get("inodes_dynamic"))
+            by_dev[dev] = new_mount(real, table)
+            mounts.append(by_dev[dev])
+        mount = by_dev[dev]
+        mount["paths"].append({"role": role, "path": path})
+        for key in COPIED:
+            entry[key] = mount[key]
+            if mount[key] is None:
+                entry["unavailable"][key] = mount["unavailable"].get(key, "unreadable")
+        entry["inodes_dynamic"] = mount["inodes_dynamic"]
     return mounts, per_role
 
 
@@ -595,7 +611,7 @@ def evaluate_gate(report, args):
             d = disks[role]
             if d.get("free_bytes") is None:
                 reasons.append("%s dir %s: free space unreadable (%s); cannot verify --min-free-gb %g"
-                               % (role, d["path"], d.get("error", "statvfs failed"), args.min_free_gb))
+                               % (role, d["path"], d["unavailable"].get("free_bytes"), args.min_free_gb))
             elif d["free_bytes"] < args.min_free_gb * GIB:
                 reasons.append("%s dir %s: %.1f GiB free < %g GiB required (--min-free-gb); free space or "
                                "pick a bigger volume" % (role, d["path"], d["free_bytes"] / GIB, args.min_free_gb))
@@ -698,7 +714,8 @@ def summary_lines(report):
     net = report["network"]
     if net.get("checked"):
         for t in net["targets"]:
-            how = "tcp %s ms" % t["connect_ms"] if t["tcp_ok"] else "tcp failed"
+            how = "tcp %s ms" % t["connect_ms"] if t["tcp_ok"] else (
+                t["unavailable"].get("tcp_ok") or "tcp failed")
             if t["https_status"] is not None:
                 how += ", https HEAD %s" % t["https_status"]
             lines.append(("OK" if t["reachable"] else "FAIL", "network %s: %s" % (t["target"], how)))
@@ -832,9 +849,6 @@ def run(args):
     mounts, per_role = probe_disks(paths)
     for role in ("data", "durable"):
         per_role[role]["source"] = dir_sources[role]
-        if not dirs[role]:
-            per_role[role]["unavailable"] = "not given: pass --%s-dir, set %s_DIR, or use --profile" % (
-                role, role.upper())
     memory = read_meminfo()
     cgroup = probe_cgroup()
     candidates = [v for v in (memory["total_bytes"], cgroup["memory_limit_bytes"]) if v is not None]

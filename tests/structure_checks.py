@@ -195,8 +195,11 @@ def entries(root: Path):
         starts = [(i, m.group(1)) for i, m in starts if m]
         for k, (i, eid) in enumerate(starts):
             end = len(lines)
+            fenced = False
             for j in range(i + 1, len(lines)):
-                if re.match(r"^#{1,3}\s", lines[j]):
+                if FENCE.match(lines[j]):
+                    fenced = not fenced
+                elif not fenced and re.match(r"^#{1,3}\s", lines[j]):  # a '# comment' in code is not a heading
                     end = j
                     break
             yield md, i + 1, eid, "\n".join(lines[i:end])

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Run the whole remote-GPU lifecycle on this machine, with the `local` profile, and show the evidence.
+
+  probe → gate → dead-man armed → run → interrupted (SIGTERM, as a spot preemption) → resumed →
+  manifest → pull → verify → teardown gate (and a gate that refuses a changed node)
+
+The "node" and the "laptop" are two folders in a temporary directory; the pull goes through the same
+code that pulls over SSH. Needs Python 3.8+ and bash; tmux and rsync are used when present. Uses
+PyTorch (CPU) for the example training when it is installed, a pure-Python model otherwise.
+
+Usage:
+  python3 scripts/demo_lifecycle.py            # about 20 seconds; cleans up after itself
+  python3 scripts/demo_lifecycle.py --keep     # leave the folders to inspect
+  python3 scripts/demo_lifecycle.py --json     # the final report as JSON on stdout
+
+Exit codes: 0 every phase showed what it should; 1 a phase failed (the report says which);
+2 usage or a missing part of the skill.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+TRAIN = ROOT / "examples" / "train_resumable.py"
+STEPS = 60
+STEP_SECONDS = 0.08
+
+
+class PhaseFailed(Exception):
+    pass
+
+
+class Demo:
+    def __init__(self, work: Path, quiet: bool):
+        self.work = work
+        self.node = work / "node"          # stands in for the rented box
+        self.laptop = work / "laptop"      # stands in for the user's machine
+        self.durable = self.node / "durable"
+        self.job_dir = self.node / "job"   # the job's working directory
+        self.quiet = quiet
+        self.report = []
+        self.env = dict(os.environ, RGT_PROFILE_INDEX=str(ROOT / "profiles" / "index.json"),
+                        DURABLE_DIR=str(self.durable), DATA_DIR=str(self.node / "data"))
+        for d in (self.node, self.laptop, self.durable, self.job_dir, self.node / "data"):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def say(self, text=""):
+        if not self.quiet:
+            print(text, flush=True)
+
+    def run(self, argv, expect=(0,), timeout=120, cwd=None):
+        res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout,
+                             cwd=cwd or self.work, env=self.env, stdin=subprocess.DEVNULL)
+        if res.returncode not in expect:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
+            raise PhaseFailed(f"{Path(str(argv[1])).name if len(argv) > 1 else argv[0]} exited "
+                              f"{res.returncode} (expected {expect}): " + " | ".join(tail))
+        return res
+
+    def py(self, script, *args, **kw):
+        return self.run([sys.executable, SCRIPTS / script, *args], **kw)
+
+    def phase(self, name, evidence):
+        self.report.append({"phase": name, "ok": True, "evidence": evidence})
+        self.say(f"  OK   {name:<14} {evidence}")
+
+    def launch(self, run_id, extra_train=()):
+        argv = ["bash", SCRIPTS / "run_one.sh", "--profile", "local", "--run-id", run_id,
+                "--run-dir", self.node / "runs" / run_id, "--durable-dir", self.durable,
+                "--output", "ckpt/final.json", "--output", "ckpt/metrics.jsonl", "--output", "ckpt/model_final.*",
+                "--disk-floor-gb", "0.01", "--stall-minutes", "5", "--grace-minutes", "1",
+                "--deadman-dry-run", "--",
+                sys.executable, TRAIN, "--ckpt-dir", "ckpt", "--steps", str(STEPS),
+                "--step-seconds", str(STEP_SECONDS), "--ckpt-every", "10", *extra_train]
+        return self.run(argv, cwd=self.job_dir)
+
+    def status(self, run_dir):
+        res = self.py("run_status.py", run_dir, "--json", expect=(0, 1, 4, 5, 6, 7))
+        return res.returncode, json.loads(res.stdout)
+
+    def wait_for(self, run_dir, predicate, what, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            code, st = self.status(run_dir)
+            if predicate(code, st):
+                return code, st
+            time.sleep(0.2)
+        raise PhaseFailed(f"timed out waiting for {what}")
+
+    # -- the lifecycle ----------------------------------------------------------------------
+
+    def go(self):
+        self.say(f"remote-gpu-trainer demo — node and laptop folders under {self.work}\n")
+
+        probe = json.loads(self.py("node_probe.py", "--json", "--data-dir", self.node / "data",
+                                   "--durable-dir", self.durable).stdout)
+        count = (probe.get("gpus") or {}).get("count")
+        gpu_text = f"{count} GPU(s)" if count else "no GPU (CPU run)"
+        self.phase("probe", f"{gpu_text}; disks and inodes read for data, durable, /, /dev/shm, HOME")
+
+        self.py("node_probe.py", "--data-dir", self.node / "data", "--durable-dir", self.durable,
+                "--min-free-gb", "0.01", "--min-free-inodes", "100")
+        refused = self.py("node_probe.py", "--data-dir", self.node / "data", "--durable-dir", self.durable,
+                          "--min-free-gb", "1000000", expect=(3,))
+        self.phase("gate", "passes a sane floor; refuses a 1 PB floor with exit 3 "
+                           f"({refused.stderr.strip().splitlines()[0][:70]}…)")
+
+        run1 = self.node / "runs" / "demo-1"
+        self.launch("demo-1")
+        dm = json.loads((run1 / "deadman.json").read_text())
+        self.phase("dead-man", f"armed before the job (pid {dm.get('pid')}, dry-run: would stop the meter "
+                               "on stall, unacknowledged end, or wall-clock cap)")
+
+        code, st = self.wait_for(run1, lambda c, s: c == 4 and (s.get("step") or 0) >= 25, "the job to pass step 25")
+        self.phase("run", f"detached; heartbeat at step {st.get('step')}/{st.get('total_steps')}")
+
+        status1 = json.loads((run1 / "status.json").read_text())
+        os.killpg(os.getpgid(int(status1["job_pid"])), signal.SIGTERM)   # what a spot reclaim sends
+        code, st = self.wait_for(run1, lambda c, s: c in (0, 1), "the job to stop after SIGTERM", timeout=20)
+        saved = json.loads((run1 / "status.json").read_text())
+        ckpts = sorted(p.name for p in (self.job_dir / "ckpt").iterdir() if "ckpt" in p.name or p.suffix == ".pt")
+        self.phase("interrupt", f"SIGTERM → checkpoint saved, job exit {saved.get('exit_code')}; "
+                                f"checkpoints on disk: {', '.join(ckpts[-2:]) or 'none'}")
+        self.py("deadman.py", "ack", "--run-dir", run1, "--disarm")
+
+        run2 = self.node / "runs" / "demo-2"
+        self.launch("demo-2")
+        code, st = self.wait_for(run2, lambda c, s: c in (0, 1), "the resumed job to finish", timeout=90)
+        if code != 0:
+            raise PhaseFailed(f"resumed run ended {st.get('state')}: see {run2 / 'job.log'}")
+        final = json.loads((self.job_dir / "ckpt" / "final.json").read_text())
+        sync = json.loads((run2 / "sync.json").read_text())
+        self.phase("resume", f"restarted from step {final.get('resumed_from')}, finished {final.get('steps_done')}"
+                             f"/{STEPS}; {len(sync.get('files', []))} outputs synced to durable and hash-verified")
+        self.py("deadman.py", "ack", "--run-dir", run2, "--disarm")
+
+        results = self.durable / "results" / "demo-2"
+        man = json.loads(self.py("build_pull_manifest.py", "--root", results, "--roster", "**/*",
+                                 "--run-id", "demo-2", "--json").stdout)
+        self.phase("manifest", f"{man.get('file_count')} files, {man.get('total_bytes')} bytes, SHA-256 each")
+
+        pulled = self.laptop / "pulled"
+        self.py("pull_verified.py", "--source", results, "--dest", pulled, "--json")
+        verified = json.loads((pulled / "demo-2" / "PULL_VERIFIED.json").read_text())
+        self.phase("pull", f"staged, then promoted to {pulled / 'demo-2'}")
+        self.phase("verify", f"{verified.get('file_count')} files match the manifest "
+                             f"(manifest sha256 {str(verified.get('manifest_sha256'))[:12]}…)")
+
+        # Rebuild the node's manifest as the gate would see it now, then change one byte on the node.
+        self.py("build_pull_manifest.py", "--root", results, "--roster", "**/*", "--run-id", "demo-2")
+        gate = self.py("teardown_gate.py", "--pulled", pulled / "demo-2", "--source", results, "--profile", "local")
+        victim = results / "ckpt" / "metrics.jsonl"
+        original = victim.read_bytes()
+        victim.write_bytes(original[:-2] + (b"0" if original[-2:-1] != b"0" else b"1") + original[-1:])
+        self.py("build_pull_manifest.py", "--root", results, "--roster", "**/*", "--run-id", "demo-2")
+        stale = self.py("teardown_gate.py", "--pulled", pulled / "demo-2", "--source", results,
+                        "--profile", "local", expect=(3,))
+        victim.write_bytes(original)
+        first = [l for l in gate.stdout.splitlines() if l.strip()][:1]
+        self.phase("teardown gate", f"passes on the verified pull ({first[0][:60] if first else 'exit 0'}…); "
+                                    "refuses (exit 3) once a node file changes after the pull")
+        return stale
+
+    def cleanup(self):
+        """Stop anything the demo left running: dead-men and tmux sessions of its runs."""
+        for run_dir in (self.node / "runs").glob("*") if (self.node / "runs").exists() else []:
+            subprocess.run([sys.executable, str(SCRIPTS / "deadman.py"), "ack", "--run-dir", str(run_dir),
+                            "--disarm"], capture_output=True, env=self.env)
+            try:
+                pid = int(json.loads((run_dir / "status.json").read_text()).get("job_pid") or 0)
+                if pid:
+                    os.killpg(os.getpgid(pid), signal.SIGTERM)
+            except (OSError, ValueError, json.JSONDecodeError):
+                pass
+            if shutil.which("tmux"):
+                subprocess.run(["tmux", "kill-session", "-t", f"rgt-{run_dir.name}"], capture_output=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--keep", action="store_true", help="leave the node and laptop folders to inspect")
+    ap.add_argument("--json", action="store_true", help="print the final report as JSON")
+    ap.add_argument("--workdir", type=Path, help="use this (empty or new) folder instead of a temporary one")
+    args = ap.parse_args(argv)
+
+    needed = [SCRIPTS / n for n in ("node_probe.py", "run_one.sh", "deadman.py", "run_status.py",
+                                    "build_pull_manifest.py", "pull_verified.py", "teardown_gate.py")]
+    needed += [TRAIN, ROOT / "profiles" / "index.json"]
+    missing = [str(p.relative_to(ROOT)) for p in needed if not p.exists()]
+    if missing:
+        print(f"error: this checkout lacks {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if shutil.which("bash") is None:
+        print("error: bash is required", file=sys.stderr)
+        return 2
+    if args.workdir and args.workdir.exists() and any(args.workdir.iterdir()):
+        print(f"error: --workdir {args.workdir} is not empty", file=sys.stderr)
+        return 2
+    work = args.workdir.resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="rgt-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    demo = Demo(work, quiet=args.json)
+    started = time.time()
+    ok = True
+    try:
+        demo.go()
+    except PhaseFailed as exc:
+        ok = False
+        demo.report.append({"phase": "failed", "ok": False, "evidence": str(exc)})
+        print(f"  FAIL {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        ok = False
+        print("  interrupted", file=sys.stderr)
+    finally:
+        demo.cleanup()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    elapsed = time.time() - started
+    if args.json:
+        print(json.dumps({"ok": ok, "seconds": round(elapsed, 1), "workdir": str(work) if args.keep else None,
+                          "phases": demo.report}, indent=2))
+    else:
+        done = sum(p["ok"] for p in demo.report)
+        print(f"\n{'PASS' if ok else 'FAIL'}: {done} phases in {elapsed:.0f}s. "
+              + (f"Inspect: {work}" if args.keep else "Temporary folders removed (--keep to inspect)."))
+        if ok:
+            print("On a real box: the same scripts, with --profile <platform> and pull_verified.py --source "
+                  "gpu-box:<dir> --rsh 'ssh -F <config>'. Read SKILL.md first.")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""Say whether it is safe to stop the meter on a node. It never tears anything down itself.
+
+Local side. Run it after pull_verified.py and BEFORE you terminate, destroy or release anything.
+It passes only when all of these hold:
+  1. DEST/<run_id>/PULL_VERIFIED.json belongs to the PULL_MANIFEST.json kept beside it;
+  2. the node's CURRENT files are exactly the files that were pulled (same paths, sizes, SHA-256).
+     With --source the manifest is recomputed on the node now: our build_pull_manifest.py is streamed
+     to `python3 -` over ssh (or run locally for a local ROOT) with the roster and run id recorded in
+     the pulled manifest, writing nothing on the node; so a file changed, added or deleted after the
+     pull is caught even when nobody rebuilt the stored manifest. --fetch-only compares with the stored
+     manifest instead (faster on huge results, blind to changes made after it was built);
+     --manifest PATH compares with a local copy of it;
+  3. every pulled file still verifies locally (re-hashed; no missing, extra or changed files);
+  4. each --load-check command exits 0 for every pulled file matching --load-glob (default: *.pt,
+     *.pth, *.ckpt, *.safetensors at any depth). "{}" in the command becomes the file's path; the
+     command is split with shlex and run without a shell, in the pulled directory.
+On a pass it prints the profile's meter-stop action, what that destroys and what keeps billing
+(from profiles/index.json), the run id, file count and bytes, and that it did NOT tear anything down.
+
+Usage:
+  teardown_gate.py --pulled DEST/<run_id> --profile NAME
+                   (--source [HOST:]ROOT [--rsh "ssh -F cfg"] [--fetch-only [--remote-manifest NAME]]
+                    | --manifest PATH)
+                   [--load-check "CMD {}"]... [--load-glob GLOB]... [--load-timeout S] [--jobs N] [--json]
+
+  python3 teardown_gate.py --pulled ./pulled/run-42 --source gpu-box:/workspace/durable/results/run-42 \\
+      --profile runpod --load-check "python3 check_ckpt.py {}"
+
+Profile index: $RGT_PROFILE_INDEX, else <script dir>/../profiles/index.json, else <script dir>/index.json.
+
+Exit codes:
+  0  pass: safe to stop the meter (do it yourself, with the user's go-ahead)
+  2  usage or bad input (bad flags, unknown profile name)
+  3  refused: every reason is listed; do not stop the meter or delete anything yet
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import build_pull_manifest as bpm  # noqa: E402  (sibling scripts; local side only)
+import pull_verified as pv  # noqa: E402
+
+DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
+
+
+class UsageError(Exception):
+    pass
+
+
+def index_path():
+    candidates = [os.environ.get("RGT_PROFILE_INDEX"), os.path.join(HERE, "..", "profiles", "index.json"),
+                  os.path.join(HERE, "index.json")]
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    return None
+
+
+def load_profile(name: str):
+    """(profile dict, index path) or raise UsageError for an unknown name; (None, reason) when no index."""
+    path = index_path()
+    if path is None:
+        return None, "profiles/index.json not found (set RGT_PROFILE_INDEX or run scripts/build_profile_index.py)"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            profiles = json.load(handle)["profiles"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"cannot read profile index {path}: {exc}"
+    if name not in profiles:
+        raise UsageError(f"unknown --profile {name!r}; known: {', '.join(sorted(profiles))}")
+    return profiles[name], path
+
+
+def meter_lines(name: str, profile: dict) -> list:
+    billing = profile.get("billing") or {}
+    lines = [f"meter stop ({profile.get('title', name)}): {billing.get('meter_stop_action')}",
+             f"  that destroys: {billing.get('meter_stop_destroys')}"]
+    pause = billing.get("pause_action")
+    if pause:
+        lines.append(f"  pause instead: {pause}")
+        lines.append(f"  still billing while paused: {billing.get('keeps_billing_when_paused')}")
+    else:
+        lines.append("  pause instead: none on this platform")
+        lines.append(f"  still billing: {billing.get('keeps_billing_when_paused')}")
+    survivors = [tier.get("tier") for tier in profile.get("storage") or [] if tier.get("survives_destroy")]
+    if survivors:
+        lines.append(f"  survives the meter stop (storage that survives can keep billing): "
+                     f"{', '.join(map(str, survivors))}")
+    if billing.get("auto_release"):
+        lines.append(f"  clocks that delete or release on their own: {billing['auto_release']}")
+    shutdown = billing.get("os_shutdown_stops_billing")
+    shutdown_text = {True: "yes", False: "NO - use the action above"}.get(shutdown, "unknown - use the action above")
+    lines.append(f"  does an OS shutdown stop billing? {shutdown_text}")
+    lines.append(f"  (facts verified {profile.get('verified', 'unknown')}; profiles/{name}.md)")
+    return lines
+
+
+def rebuild_manifest(host, root: str, rsh, roster, run_id: str) -> bytes:
+    """Recompute the node's manifest now, writing nothing there. Raises pv.FetchError."""
+    script = os.path.join(HERE, "build_pull_manifest.py")
+    tail = ["--run-id", run_id, "--out", "-"]
+    for pattern in roster:
+        tail += ["--roster", pattern]
+    if host is None:
+        argv = [sys.executable, script, "--root", os.path.expanduser(root)] + tail
+        stdin = subprocess.DEVNULL
+        payload = None
+    else:
+        remote = "python3 - --root " + pv.remote_quote(root) + " " + " ".join(shlex.quote(a) for a in tail)
+        argv = pv.rsh_argv(rsh) + [host, remote]
+        stdin = subprocess.PIPE
+        with open(script, "rb") as handle:
+            payload = handle.read()
+    try:
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise pv.FetchError(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
+    errors = []
+
+    def relay():  # show the node's hashing progress, keep its FAIL lines for the reasons
+        for raw in proc.stderr:
+            line = raw.decode("utf-8", "replace")
+            errors.append(line.strip())
+            sys.stderr.write("node: " + line)
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
+    out, _ = proc.communicate(payload)
+    reader.join(5)
+    if proc.returncode != 0:
+        fails = [e for e in errors if e.startswith("FAIL")] or errors[-2:] or [f"exit {proc.returncode}"]
+        where = f"on {host}" if host else "locally"
+        raise pv.FetchError(f"rebuilding the manifest {where} failed (exit {proc.returncode}): "
+                            + " | ".join(fails[:5]))
+    return out
+
+
+def compare(pulled: dict, current: dict) -> list:
+    reasons = []
+    if pulled["run_id"] != current["run_id"]:
+        reasons.append(pv.problem("run-id", current["run_id"], f"the node's manifest is for run {current['run_id']}, "
+                                                               f"the pull is run {pulled['run_id']}"))
+    have = {e["path"]: e for e in pulled["files"]}
+    now = {e["path"]: e for e in current["files"]}
+    for rel in sorted(set(have) & set(now)):
+        if (have[rel]["size"], have[rel]["sha256"]) != (now[rel]["size"], now[rel]["sha256"]):
+            reasons.append(pv.problem("stale", rel, "changed on the node since the pull (size or SHA-256 differ); "
+                                                    "pull again"))
+    for rel in sorted(set(now) - set(have)):
+        reasons.append(pv.problem("stale", rel, "on the node but not in the pull; pull again"))
+    for rel in sorted(set(have) - set(now)):
+        reasons.append(pv.problem("stale", rel, "in the pull but no longer in the node's manifest"))
+    return reasons
+
+
+def run_load_checks(pulled_dir: str, manifest: dict, templates, globs, timeout: float, skip: set):
+    reasons, results = [], []
+    compiled = [bpm.compile_pattern(bpm.check_pattern(g)) for g in globs]
+    targets = [e["path"] for e in manifest["files"]
+               if any(rx.fullmatch(c) for rx in compiled for c in bpm.ancestors_and_self(e["path"]))]
+    if not targets:
+        reasons.append(pv.problem("load-check", ",".join(globs), "no pulled file matches --load-glob, so the "
+                                                                 "load-check would check nothing"))
+        return reasons, results
+    for template in templates:
+        tokens = shlex.split(template)
+        for rel in targets:
+            if rel in skip:
+                continue
+            path = os.path.join(pulled_dir, rel)
+            argv = [t.replace("{}", path) for t in tokens]
+            if not any("{}" in t for t in tokens):
+                argv.append(path)
+            entry = {"path": rel, "argv": argv, "rc": None}
+            try:
+                done = subprocess.run(argv, cwd=pulled_dir, stdin=subprocess.DEVNULL, capture_output=True,
+                                      timeout=timeout)
+                entry["rc"] = done.returncode
+                if done.returncode != 0:
+                    last = (done.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1][:200]
+                    reasons.append(pv.problem("load-check", rel, f"`{template}` exited {done.returncode}"
+                                                                 + (f": {last}" if last else "")))
+            except FileNotFoundError:
+                reasons.append(pv.problem("load-check", rel, f"command not found: {tokens[0]!r}"))
+            except subprocess.TimeoutExpired:
+                reasons.append(pv.problem("load-check", rel, f"`{template}` ran longer than {timeout:.0f} s"))
+            results.append(entry)
+    return reasons, results
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="Pass only when the pulled run matches the node's current manifest and re-verifies. "
+                    "Never tears down.",
+        epilog="Exit: 0 pass (prints the meter-stop action), 2 usage, 3 refused with every reason.")
+    parser.add_argument("--pulled", required=True, help="the promoted pull, DEST/<run_id>")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--source", help="[HOST:]ROOT on the node, as given to pull_verified.py")
+    where.add_argument("--manifest", help="the node's current manifest as a local file")
+    parser.add_argument("--rsh", help='remote shell, e.g. "ssh -F cfg"')
+    parser.add_argument("--remote-manifest", default=pv.MANIFEST_NAME,
+                        help=f"manifest name under ROOT for --fetch-only (default {pv.MANIFEST_NAME})")
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="compare with the manifest stored on the node instead of re-hashing the node's "
+                             "files now (faster; misses changes made after that manifest was built)")
+    parser.add_argument("--profile", required=True, help="platform profile id (profiles/<id>.md)")
+    parser.add_argument("--load-check", action="append", default=[], metavar="CMD",
+                        help='command run per checkpoint, "{}" = its path (repeatable)')
+    parser.add_argument("--load-glob", action="append", metavar="GLOB",
+                        help="which pulled files are checkpoints (repeatable; default *.pt *.pth *.ckpt "
+                             "*.safetensors at any depth)")
+    parser.add_argument("--load-timeout", type=float, default=900.0, help="seconds per load-check (default 900)")
+    parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel re-hash workers")
+    parser.add_argument("--json", action="store_true", help="print a JSON verdict on stdout")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.fetch_only and not args.source:
+            raise UsageError("--fetch-only needs --source")
+        host, root = pv.parse_source(args.source) if args.source else (None, None)
+        if args.rsh is not None:
+            pv.rsh_argv(args.rsh)
+        for template in args.load_check:
+            if not shlex.split(template):
+                raise UsageError("--load-check is empty")
+        globs = args.load_glob or list(DEFAULT_LOAD_GLOBS)
+        for pattern in globs:
+            bpm.check_pattern(pattern)
+        if args.jobs < 1:
+            raise UsageError("--jobs must be at least 1")
+        profile, index_info = load_profile(args.profile)
+    except (UsageError, pv.UsageError, bpm.UsageError, ValueError) as exc:
+        print(f"teardown_gate: {exc}", file=sys.stderr)
+        return 2
+
+    pulled_dir = os.path.abspath(os.path.expanduser(args.pulled))
+    reasons, verdict = [], {"ok": False, "verdict": "REFUSED", "pulled": pulled_dir, "teardown_performed": False,
+                            "profile": args.profile}
+    pulled_manifest = None
+    try:
+        with open(os.path.join(pulled_dir, pv.MANIFEST_NAME), "rb") as handle:
+            pulled_raw = handle.read()
+        with open(os.path.join(pulled_dir, pv.VERIFIED_NAME), "rb") as handle:
+            marker = json.loads(handle.read().decode("utf-8"))
+        pulled_manifest, bad = pv.parse_manifest(pulled_raw)
+        if bad:
+            pulled_manifest = None
+            reasons.append(pv.problem("pulled", pv.MANIFEST_NAME,
+                                      "the kept manifest is malformed: " + bad[0]["detail"]))
+        elif not isinstance(marker, dict) or marker.get("manifest_sha256") != hashlib.sha256(pulled_raw).hexdigest():
+            reasons.append(pv.problem("pulled", pv.VERIFIED_NAME, f"does not match the {pv.MANIFEST_NAME} kept beside "
+                                                                  "it; pull again with pull_verified.py"))
+    except (OSError, ValueError) as exc:
+        reasons.append(pv.problem("pulled", pulled_dir, "not a verified pull (PULL_VERIFIED.json / PULL_MANIFEST.json "
+                                                        f"unreadable: {getattr(exc, 'strerror', None) or exc}); "
+                                                        "run pull_verified.py first"))
+
+    if pulled_manifest is not None:
+        verdict.update({"run_id": pulled_manifest["run_id"], "file_count": pulled_manifest["file_count"],
+                        "total_bytes": pulled_manifest["total_bytes"]})
+        try:
+            if args.manifest:
+                mode = "local manifest file"
+                with open(os.path.expanduser(args.manifest), "rb") as handle:
+                    current_raw = handle.read()
+            elif args.fetch_only:
+                mode = "stored manifest fetched; node files not re-hashed"
+                current_raw = pv.fetch_manifest(host, root, args.remote_manifest, args.rsh)
+            else:
+                mode = "re-hashed on the node now"
+                current_raw = rebuild_manifest(host, root, args.rsh, pulled_manifest["roster"],
+                                               pulled_manifest["run_id"])
+        except OSError as exc:
+            reasons.append(pv.problem("node", args.manifest, f"cannot read: {exc.strerror or exc}"))
+            current_raw = None
+        except pv.FetchError as exc:
+            reasons.append(pv.problem("node", args.source, str(exc)))
+            current_raw = None
+        if current_raw is not None:
+            current, bad = pv.parse_manifest(current_raw)
+            verdict["node_manifest"] = {"mode": mode, "sha256": hashlib.sha256(current_raw).hexdigest(),
+                                        "same_bytes": current_raw == pulled_raw}
+            if bad:
+                reasons += [pv.problem("node", b["path"], "node manifest: " + b["detail"]) for b in bad]
+            else:
+                reasons += compare(pulled_manifest, current)
+
+        local_problems, _ = pv.verify_tree(pulled_dir, pulled_manifest, args.jobs, skip_partial=False,
+                                           label="re-verifying")
+        for item in local_problems:
+            item["detail"] = "local copy: " + item["detail"]
+        reasons += local_problems
+        if args.load_check:
+            broken = {p["path"] for p in local_problems}
+            load_reasons, verdict["load_checks"] = run_load_checks(pulled_dir, pulled_manifest, args.load_check,
+                                                                   globs, args.load_timeout, broken)
+            reasons += load_reasons
+
+    if profile is None:
+        reasons.append(pv.problem("profile", args.profile, index_info))
+    elif not (profile.get("billing") or {}).get("meter_stop_action"):
+        reasons.append(pv.problem("profile", args.profile, "profile has no billing.meter_stop_action"))
+
+    never = "NOT TORN DOWN: this gate did NOT stop, delete or release anything."
+    verdict["reasons"] = reasons
+    if reasons:
+        if args.json:
+            print(json.dumps(verdict, indent=2))
+        else:
+            print(f"REFUSED teardown gate for {verdict.get('run_id', pulled_dir)}: {len(reasons)} reason(s)")
+            for item in reasons[:pv.MAX_REPORTED]:
+                print(f"REASON {item['code']}: {item['path']}: {item['detail']}")
+            if len(reasons) > pv.MAX_REPORTED:
+                print(f"REASON ... and {len(reasons) - pv.MAX_REPORTED} more (use --json)")
+            print("Do not stop the meter or delete anything on the node yet: fix the reasons, pull again "
+                  "(pull_verified.py), then re-run this gate.")
+            print(never)
+        return 3
+
+    lines = meter_lines(args.profile, profile)
+    verdict.update({"ok": True, "verdict": "PASS", "meter_stop": profile.get("billing"),
+                    "profile_index": index_info})
+    if args.json:
+        print(json.dumps(verdict, indent=2))
+        return 0
+    checks = verdict.get("load_checks") or []
+    node_mode = verdict["node_manifest"]["mode"]
+    print(f"PASS teardown gate for run {verdict['run_id']}: {verdict['file_count']} files, "
+          f"{verdict['total_bytes']} bytes ({pv.human(verdict['total_bytes'])}) in {pulled_dir}")
+    print(f"  match the node's current files ({node_mode}) and re-verified locally"
+          + (f"; {len(checks)} load-check(s) passed" if checks else ""))
+    for line in lines:
+        print(line)
+    print(never + " Stopping the meter is yours to do, with the user's go-ahead.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""A real OpenSSH server on 127.0.0.1 for tests of the remote flows.
+
+`sshd_server` (session scope) generates throwaway host and client keys in a temporary directory,
+starts `/usr/sbin/sshd -D -e -f <cfg>` as the current user on a free port, and writes an ssh client
+config in which the alias `gpu-box` reaches it non-interactively. Tests then run our scripts with
+`--rsh "ssh -F <cfg>"` and `--source gpu-box:<path>` exactly as a user would against a rented node.
+Nothing in ~/.ssh is read or written. The client config multiplexes (ControlMaster) so each command
+does not pay a fresh handshake; the master is opened by the readiness probe and closed on teardown.
+
+    from sshd_fixture import sshd_server  # noqa: F401  (makes the fixture visible to the module)
+
+    def test_x(sshd_server):
+        sshd_server.rsh        # 'ssh -F /tmp/.../ssh_config'
+        sshd_server.run("ls /")  # CompletedProcess of a command on the "node"
+"""
+import os
+import shlex
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import need
+
+
+class SshdServer:
+    def __init__(self, base: Path, sshd: str, ssh: str, keygen: str):
+        self.base = base
+        self.sshd, self.ssh, self.keygen = sshd, ssh, keygen
+        self.alias = "gpu-box"
+        self.proc = None
+        self.port = None
+        self.config = base / "ssh_config"
+        self.log = base / "sshd.log"
+
+    @property
+    def rsh(self) -> str:
+        return f"ssh -F {shlex.quote(str(self.config))}"
+
+    def run(self, command: str, **kwargs) -> subprocess.CompletedProcess:
+        """Run a shell command on the 'node' through the real sshd."""
+        return subprocess.run([self.ssh, "-F", str(self.config), self.alias, command],
+                              capture_output=True, text=True, timeout=60, **kwargs)
+
+    def _keys(self):
+        for name in ("host_ed25519", "client_ed25519"):
+            key = self.base / name
+            if not key.exists():
+                subprocess.run([self.keygen, "-q", "-t", "ed25519", "-N", "", "-C", f"rgt-test-{name}",
+                                "-f", str(key)], check=True, capture_output=True)
+        (self.base / "authorized_keys").write_text((self.base / "client_ed25519.pub").read_text())
+        os.chmod(self.base / "authorized_keys", 0o600)
+        host_pub = (self.base / "host_ed25519.pub").read_text().split()
+        return host_pub[0], host_pub[1]
+
+    def start(self, attempts: int = 5):
+        key_type, key_blob = self._keys()
+        for _ in range(attempts):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self.port = probe.getsockname()[1]
+            cfg = self.base / "sshd_config"
+            cfg.write_text("\n".join([
+                f"Port {self.port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {self.base / 'host_ed25519'}",
+                f"AuthorizedKeysFile {self.base / 'authorized_keys'}",
+                f"PidFile {self.base / 'sshd.pid'}",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PubkeyAuthentication yes",
+                "PermitRootLogin prohibit-password",
+                "StrictModes no",
+                "UsePAM no",
+                "MaxStartups 50:30:100",
+                "LogLevel ERROR",
+                "",
+            ]))
+            # Pin the throwaway host key: no trust-on-first-use, nothing in ~/.ssh/known_hosts.
+            known = self.base / "known_hosts"
+            known.write_text(f"[127.0.0.1]:{self.port} {key_type} {key_blob}\n")
+            self.config.write_text("\n".join([
+                f"Host {self.alias}",
+                "  HostName 127.0.0.1",
+                f"  Port {self.port}",
+                f"  IdentityFile {self.base / 'client_ed25519'}",
+                "  IdentitiesOnly yes",
+                f"  UserKnownHostsFile {known}",
+                "  GlobalKnownHostsFile /dev/null",
+                "  StrictHostKeyChecking yes",
+                "  BatchMode yes",
+                "  ConnectTimeout 10",
+                "  LogLevel ERROR",
+                # One multiplexed connection, as many users configure for a rented node: every
+                # transfer still goes through this sshd, minus ~0.4 s of handshake per command.
+                "  ControlMaster auto",
+                f"  ControlPath {self.base / 'cm-%C'}",
+                "  ControlPersist 300",
+                "",
+            ]))
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen([self.sshd, "-D", "-e", "-f", str(cfg)],
+                                             stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            if self._wait_ready():
+                return self
+            self.stop()
+        raise RuntimeError(f"sshd did not come up; log:\n{self.log.read_text()[-2000:]}")
+
+    def _wait_ready(self, timeout: float = 15.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                if self.run("true").returncode == 0:
+                    return True
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(0.1)
+        return False
+
+    def stop(self):
+        subprocess.run([self.ssh, "-F", str(self.config), "-O", "exit", self.alias],
+                       capture_output=True, timeout=30)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+
+@pytest.fixture(scope="session")
+def sshd_server(tmp_path_factory):
+    sshd = need("sshd")
+    ssh = need("ssh")
+    keygen = need("ssh-keygen")
+    need("rsync")
+    if not os.path.isabs(sshd):
+        sshd = os.path.abspath(sshd)
+    server = SshdServer(tmp_path_factory.mktemp("sshd"), sshd, ssh, keygen)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    yield server
+    server.stop()

@@ -1,0 +1,300 @@
+"""Behaviour tests for scripts/node_probe.py (phase-0 node audit and gate).
+
+They run the real script in a subprocess on this machine. This box has no NVIDIA GPU, so the
+GPU-less path is exercised for real; GPU parsing is exercised with a stand-in `nvidia-smi` put
+first on PATH (the only way to feed a GPU listing on a GPU-less box).
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import SCRIPTS
+
+PROBE = SCRIPTS / "node_probe.py"
+
+
+def clean_path(extra_first=None):
+    """PATH without any directory holding a real nvidia-smi (so results do not depend on the box)."""
+    dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not os.path.exists(os.path.join(d, "nvidia-smi"))]
+    if extra_first:
+        dirs.insert(0, str(extra_first))
+    return os.pathsep.join(dirs)
+
+
+def run_probe(*args, env_extra=None, path_first=None, timeout=60):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "DURABLE_DIR", "RGT_PROFILE_INDEX")}
+    env["PATH"] = clean_path(path_first)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def probe_json(*args, **kw):
+    proc = run_probe("--json", *args, **kw)
+    assert proc.returncode in (0, 3), proc.stderr
+    return proc, json.loads(proc.stdout)
+
+
+def assert_nulls_explained(sec, where):
+    """Every null field of a section must carry a reason in its 'unavailable' map."""
+    assert isinstance(sec.get("unavailable"), dict), where
+    for key, value in sec.items():
+        if value is None:
+            assert sec["unavailable"].get(key), "%s.%s is null without a reason" % (where, key)
+
+
+def write_fake_smi(folder, body):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "nvidia-smi"
+    path.write_text("#!%s\n%s" % (sys.executable, textwrap.dedent(body)))
+    path.chmod(0o755)
+    return folder
+
+
+FAKE_TWO_GPUS = """
+    import sys
+    args = sys.argv[1:]
+    if not args:
+        print("| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |")
+        sys.exit(0)
+    if args[0].startswith("--query-gpu="):
+        print("0, NVIDIA A100-SXM4-80GB, 81920, 1024, 37, 550.54.15")
+        print("1, NVIDIA A100-SXM4-80GB, 81920, [N/A], 0, 550.54.15")
+        sys.exit(0)
+    sys.exit(9)
+"""
+
+
+def test_json_on_gpu_less_box(tmp_path):
+    data, durable = tmp_path / "data", tmp_path / "durable"
+    data.mkdir()
+    proc, rep = probe_json("--data-dir", str(data), "--durable-dir", str(durable))
+    assert proc.returncode == 0
+    assert rep["schema"] == "rgt-node-probe/1"
+    gpus = rep["gpus"]
+    assert gpus["count"] is None and gpus["devices"] is None
+    assert "nvidia-smi" in gpus["unavailable"]["count"]
+    for name in ("gpus", "torch", "cgroup", "memory", "tools"):
+        assert_nulls_explained(rep[name], name)
+    # disks: bytes AND inodes (or an explicit reason for inodes), one entry per mount
+    assert rep["disks"], "no disks measured"
+    for mount in rep["disks"]:
+        assert_nulls_explained(mount, "disk %s" % mount["mount_point"])
+        assert isinstance(mount["total_bytes"], int) and mount["total_bytes"] > 0
+        assert isinstance(mount["free_bytes"], int)
+        assert isinstance(mount["total_inodes"], int) or mount["unavailable"].get("total_inodes")
+        assert mount["paths"], "mount listed without the paths that live on it"
+    for role in ("data", "durable", "root", "shm", "home"):
+        entry = rep["disk_paths"][role]
+        assert_nulls_explained(entry, "disk_paths.%s" % role)
+        assert isinstance(entry["free_bytes"], int), role
+        assert isinstance(entry["free_inodes"], int) or entry["inodes_dynamic"], role
+    assert rep["disk_paths"]["data"]["source"] == "flag"
+    # a dir that does not exist yet is measured on its nearest existing parent
+    assert rep["disk_paths"]["durable"]["exists"] is False
+    assert rep["disk_paths"]["durable"]["measured_at"] == str(tmp_path)
+    cg = rep["cgroup"]
+    for field in ("memory_limit_bytes", "cpu_quota_cores", "memory_usage_bytes"):
+        assert cg[field] is not None or cg["unavailable"].get(field)
+    assert rep["memory"]["total_bytes"] > 0
+    assert rep["memory"]["effective_limit_bytes"] <= rep["memory"]["total_bytes"]
+    assert rep["tools"]["python"]["version"].count(".") == 2
+    assert rep["network"]["checked"] is False
+    assert rep["gate"] == {"checked": [], "passed": True, "reasons": []}
+
+
+def test_paths_on_one_mount_are_deduplicated(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, rep = probe_json("--data-dir", str(tmp_path / "a"), "--durable-dir", str(tmp_path / "b"))
+    dev_of = {}
+    for mount in rep["disks"]:
+        for p in mount["paths"]:
+            dev_of[p["role"]] = mount["mount_point"]
+    assert dev_of["data"] == dev_of["durable"]
+    assert len({m["mount_point"] for m in rep["disks"]}) == len(rep["disks"])
+
+
+def test_gate_lists_every_unmet_reason(tmp_path):
+    proc = run_probe("--json", "--data-dir", str(tmp_path), "--min-free-gb", "100000000",
+                     "--min-free-inodes", str(10 ** 15), "--min-mem-gb", "1000000",
+                     "--min-shm-gb", "1000000", "--require-gpu")
+    assert proc.returncode == 3, proc.stderr
+    rep = json.loads(proc.stdout)
+    reasons = rep["gate"]["reasons"]
+    assert rep["gate"]["passed"] is False
+    for needle in ("--min-free-gb", "--min-free-inodes", "--min-mem-gb", "--min-shm-gb", "--require-gpu"):
+        assert sum(needle in r for r in reasons) == 1, (needle, reasons)
+    refused = [l for l in proc.stderr.splitlines() if l.startswith("REFUSED: ")]
+    assert [l[len("REFUSED: "):] for l in refused] == reasons
+
+
+def test_gate_free_space_and_inodes_both_reported(tmp_path):
+    proc = run_probe("--data-dir", str(tmp_path), "--durable-dir", str(tmp_path),
+                     "--min-free-gb", "1e9", "--min-free-inodes", str(10 ** 15))
+    assert proc.returncode == 3
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("REFUSED")]
+    # two gates x two roles (data and durable are both checked, even on one mount)
+    assert len(lines) == 4, proc.stderr
+    assert any("inodes" in l and "data dir" in l for l in lines)
+    assert any("GiB free" in l and "durable dir" in l for l in lines)
+    assert "FAIL gate:" in proc.stdout
+
+
+def test_gate_passes_when_satisfiable(tmp_path):
+    proc = run_probe("--data-dir", str(tmp_path), "--min-free-gb", "0.001", "--min-free-inodes", "1",
+                     "--min-mem-gb", "0.01", "--min-shm-gb", "0.0001")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK   gate: passed" in proc.stdout
+    assert "REFUSED" not in proc.stderr
+
+
+def test_env_data_dir_is_used_for_the_gate(tmp_path):
+    proc = run_probe("--json", "--min-free-gb", "1e9", env_extra={"DATA_DIR": str(tmp_path)})
+    assert proc.returncode == 3
+    rep = json.loads(proc.stdout)
+    assert rep["disk_paths"]["data"]["source"] == "env"
+    assert str(tmp_path) in rep["gate"]["reasons"][0]
+
+
+@pytest.mark.parametrize("args", [
+    ["--min-free-gb", "abc"],
+    ["--min-free-gb", "-1"],
+    ["--min-free-inodes", "1.5"],
+    ["--network-target", "a:b:c"],
+    ["--network-target", "host:99999"],
+    ["--bogus"],
+    ["--min-free-gb", "5"],          # no directory to gate
+    ["--out", "/nonexistent-dir-rgt/probe.json"],
+    ["--profile", "nosuch"],         # index missing
+])
+def test_bad_input_is_exit_2_one_line(args, tmp_path):
+    proc = run_probe(*args, env_extra={"RGT_PROFILE_INDEX": str(tmp_path / "missing.json")})
+    assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("node_probe: error:"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_profile_defaults_and_lookup(tmp_path):
+    index = tmp_path / "index.json"
+    data, durable = tmp_path / "pd", tmp_path / "pu"
+    data.mkdir()
+    durable.mkdir()
+    index.write_text(json.dumps({"generated_by": "test", "schema_version": 1, "profiles": {
+        "demo": {"platform": "demo", "defaults": {"DATA_DIR": str(data), "DURABLE_DIR": str(durable),
+                                                  "DISK_FLOOR_GB": 10}}}}))
+    env = {"RGT_PROFILE_INDEX": str(index)}
+    _, rep = probe_json("--profile", "demo", env_extra=env)
+    assert rep["disk_paths"]["data"]["path"] == str(data)
+    assert rep["disk_paths"]["durable"]["source"] == "profile"
+    assert rep["profile_defaults"]["DISK_FLOOR_GB"] == 10
+    _, rep = probe_json("--profile", "demo", "--data-dir", str(tmp_path), env_extra=env)
+    assert rep["disk_paths"]["data"]["path"] == str(tmp_path)
+    assert rep["disk_paths"]["data"]["source"] == "flag"
+    proc = run_probe("--profile", "other", env_extra=env)
+    assert proc.returncode == 2
+    assert "unknown profile 'other'" in proc.stderr and "demo" in proc.stderr
+    index.write_text("{not json")
+    proc = run_probe("--profile", "demo", env_extra=env)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_profile_index_next_to_a_copied_script(tmp_path):
+    """On a node the script and index.json are copied side by side (third lookup step)."""
+    shutil.copy(PROBE, tmp_path / "node_probe.py")
+    (tmp_path / "index.json").write_text(json.dumps({"profiles": {"local": {"defaults": {
+        "DATA_DIR": str(tmp_path), "DURABLE_DIR": None}}}}))
+    env = {k: v for k, v in os.environ.items() if k != "RGT_PROFILE_INDEX"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "node_probe.py"), "--json", "--profile", "local"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["disk_paths"]["data"]["path"] == str(tmp_path)
+
+
+def test_runtime_under_three_seconds(tmp_path):
+    start = time.monotonic()
+    proc = run_probe("--json", "--data-dir", str(tmp_path))
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0
+    assert elapsed < 3.0, "probe took %.2fs" % elapsed
+
+
+def test_out_is_written_atomically(tmp_path):
+    out = tmp_path / "probe.json"
+    proc = run_probe("--out", str(out), "--data-dir", str(tmp_path))
+    assert proc.returncode == 0
+    assert json.loads(out.read_text())["schema"] == "rgt-node-probe/1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probe.json"], "temp file left behind"
+    # human summary on stdout: every line starts with a fixed status word
+    for line in proc.stdout.splitlines():
+        assert line.split()[0] in ("OK", "WARN", "FAIL"), line
+
+
+def test_gpu_listing_parsed_from_nvidia_smi(tmp_path):
+    fake = write_fake_smi(tmp_path / "bin", FAKE_TWO_GPUS)
+    _, rep = probe_json("--require-gpu", path_first=fake)
+    gpus = rep["gpus"]
+    assert gpus["count"] == 2
+    assert gpus["cuda_version"] == "12.4" and gpus["driver_version"] == "550.54.15"
+    first, second = gpus["devices"]
+    assert first == {"index": 0, "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920,
+                     "memory_used_mib": 1024, "utilization_pct": 37, "driver_version": "550.54.15"}
+    assert second["memory_used_mib"] is None  # "[N/A]" becomes null, not a crash
+    assert rep["gate"]["passed"] is True
+
+
+def test_hung_nvidia_smi_times_out(tmp_path):
+    fake = write_fake_smi(tmp_path / "bin", "import time\ntime.sleep(30)\n")
+    start = time.monotonic()
+    proc, rep = probe_json("--gpu-timeout", "1", "--require-gpu", path_first=fake)
+    assert time.monotonic() - start < 10
+    assert proc.returncode == 3
+    assert "did not answer" in rep["gpus"]["unavailable"]["count"]
+    assert any("--require-gpu" in r for r in rep["gate"]["reasons"])
+
+
+def test_network_targets_local(tmp_path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    open_port = listener.getsockname()[1]
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        proc, rep = probe_json("--network-target", "127.0.0.1:%d" % open_port,
+                               "--network-target", "127.0.0.1:%d" % closed_port, "--network-timeout", "2")
+    finally:
+        listener.close()
+    assert proc.returncode == 0
+    up, down = rep["network"]["targets"]
+    assert up["reachable"] is True and up["tcp_ok"] is True
+    assert down["reachable"] is False and "refused" in down["unavailable"]["tcp_ok"].lower()
+
+
+def test_torch_subprocess_only_on_request():
+    import importlib.util
+    installed = importlib.util.find_spec("torch") is not None
+    _, rep = probe_json()
+    assert rep["torch"]["installed"] is installed
+    assert rep["torch"]["cuda_available"] is None
+    if installed:
+        assert "--torch" in rep["torch"]["unavailable"]["cuda_available"]
+        _, rep = probe_json("--torch", timeout=120)
+        assert isinstance(rep["torch"]["cuda_available"], bool)
+
+
+def test_help_works():
+    proc = run_probe("--help")
+    assert proc.returncode == 0 and "Exit codes" in proc.stdout

@@ -1,0 +1,561 @@
+"""Results outlive the node: manifest builder, verified pull, teardown gate.
+
+Remote flows run against a real sshd on 127.0.0.1 (tests/sshd_fixture.py) with real rsync; the
+property tests use a local-path source so they stay fast. Every failure drill asserts its own
+reason line and that nothing was promoted.
+"""
+import glob
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPTS, missing, need, need_module
+from sshd_fixture import sshd_server  # noqa: F401  (session fixture: real sshd + ssh config "gpu-box")
+
+sys.path.insert(0, str(SCRIPTS))
+import pull_verified  # noqa: E402  (pure helpers, tested in-process)
+
+BUILD = SCRIPTS / "build_pull_manifest.py"
+PULL = SCRIPTS / "pull_verified.py"
+GATE = SCRIPTS / "teardown_gate.py"
+SCHEMA = SCRIPTS / "pull_manifest.schema.json"
+ROSTER = ("ckpt/**", "metrics.jsonl", "final.json")
+RUN = "run-7"
+
+PROFILE = {
+    "platform": "examplecloud", "title": "Example Cloud", "kind": "container-rental", "verified": "2026-12",
+    "sources": ["https://example.com/billing"],
+    "billing": {"meter_stop_action": "Terminate the pod (console, or examplectl rm <pod-id>)",
+                "meter_stop_destroys": "container disk and volume disk",
+                "pause_action": "Stop the pod", "keeps_billing_when_paused": "volume disk at the idle rate",
+                "granularity": "per second", "auto_release": None, "os_shutdown_stops_billing": False},
+    "storage": [{"tier": "network volume", "path": "/workspace", "survives_pause": True,
+                 "survives_destroy": True, "caps": "fixed size", "region_locked": True}],
+}
+
+
+# ---------------------------------------------------------------- helpers
+
+def run(script, *args, env=None, timeout=120):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def sha(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def make_results(root: Path, seed: int = 0) -> Path:
+    """A finished run's outputs: two checkpoints, metrics, a final summary, and a log NOT in the roster."""
+    rng = __import__("random").Random(seed)
+    (root / "ckpt" / "sub").mkdir(parents=True)
+    (root / "logs").mkdir()
+    (root / "ckpt" / "epoch_1.pt").write_bytes(b"GOOD" + rng.randbytes(150_000))
+    (root / "ckpt" / "sub" / "epoch_2.pt").write_bytes(b"GOOD" + rng.randbytes(90_000))
+    (root / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 1 / (i + 1)}) + "\n"
+                                                for i in range(50)))
+    (root / "final.json").write_text(json.dumps({"steps_done": 50, "loss": 0.02}))
+    (root / "logs" / "train.log").write_text("not part of the roster\n")
+    return root
+
+
+def build(root: Path, roster=ROSTER, run_id=RUN, *extra):
+    args = ["--root", root, "--run-id", run_id, *extra]
+    for pattern in roster:
+        args += ["--roster", pattern]
+    return run(BUILD, *args)
+
+
+def pull(source, dest, rsh=None, *extra):
+    args = ["--source", source, "--dest", dest, *extra]
+    if rsh:
+        args += ["--rsh", rsh]
+    return run(PULL, *args)
+
+
+def flip_byte(path: Path, offset: int, mask: int = 0x01):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+
+
+def fail_codes(stdout: str) -> set:
+    return set(re.findall(r"^FAIL ([a-z0-9-]+):", stdout, re.M))
+
+
+def assert_not_promoted(dest: Path, run_id: str = RUN):
+    assert not (dest / run_id).exists(), "a failed pull must not be promoted"
+
+
+@pytest.fixture(scope="module")
+def profile_env(tmp_path_factory):
+    index = tmp_path_factory.mktemp("profiles") / "index.json"
+    index.write_text(json.dumps({"generated_by": "tests", "schema_version": 1,
+                                 "profiles": {"examplecloud": PROFILE}}))
+    env = dict(os.environ, RGT_PROFILE_INDEX=str(index))
+    return env
+
+
+@pytest.fixture
+def node(tmp_path):
+    """Result root 'on the node' with its manifest built (same machine, reached through sshd or locally)."""
+    need("rsync")
+    root = make_results(tmp_path / "node dir" / "results")  # a space: quoting must hold end to end
+    done = build(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def schema_validator():
+    jsonschema = need_module("jsonschema")
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+# ---------------------------------------------------------------- manifest builder
+
+def test_manifest_follows_contract_and_schema(tmp_path, schema_validator):
+    root = make_results(tmp_path / "r")
+    done = build(root, ROSTER, RUN, "--json", "--jobs", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    manifest_path = root / "PULL_MANIFEST.json"
+    manifest = json.loads(manifest_path.read_text())
+    schema_validator.validate(manifest)
+    assert summary["manifest_sha256"] == sha(manifest_path)
+    assert manifest["schema"] == "rgt-pull-manifest/1" and manifest["run_id"] == RUN
+    assert manifest["roster"] == list(ROSTER)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", manifest["created_at"])
+    paths = [e["path"] for e in manifest["files"]]
+    assert paths == sorted(["ckpt/epoch_1.pt", "ckpt/sub/epoch_2.pt", "metrics.jsonl", "final.json"])
+    for entry in manifest["files"]:
+        assert entry["size"] == (root / entry["path"]).stat().st_size
+        assert entry["sha256"] == sha(root / entry["path"])
+    assert manifest["file_count"] == 4
+    assert manifest["total_bytes"] == sum(e["size"] for e in manifest["files"])
+    # A second build with a catch-all roster must never list the manifest itself.
+    again = build(root, ("**",))
+    assert again.returncode == 0, again.stdout + again.stderr
+    listed = [e["path"] for e in json.loads(manifest_path.read_text())["files"]]
+    assert "PULL_MANIFEST.json" not in listed and "logs/train.log" in listed
+    assert not list(root.glob(".PULL_MANIFEST.json.*")), "temp file left behind"
+
+
+def test_schema_rejects_unsafe_paths_and_shapes(schema_validator):
+    good = {"schema": "rgt-pull-manifest/1", "run_id": "r1", "created_at": "2026-12-02T13:00:00Z",
+            "roster": ["**"], "file_count": 1, "total_bytes": 1,
+            "files": [{"path": "ok/file.pt", "size": 1, "sha256": "a" * 64}]}
+    assert schema_validator.is_valid(good)
+    for bad_path in ("../x", "/etc/passwd", "a/../b", "a\\b", "a//b", "./a", "a/", "PULL_VERIFIED.json",
+                     "x/.rsync-partial/y", "a\nb", ""):
+        case = json.loads(json.dumps(good))
+        case["files"][0]["path"] = bad_path
+        assert not schema_validator.is_valid(case), bad_path
+    for key, value in (("run_id", "../up"), ("files", []), ("roster", []), ("schema", "other/1")):
+        case = dict(good, **{key: value})
+        assert not schema_validator.is_valid(case), key
+
+
+def test_unmatched_roster_entries_are_named_and_nothing_written(tmp_path):
+    root = make_results(tmp_path / "r")
+    done = build(root, ("ckpt/**", "nope/*.pt", "missing.json"))
+    assert done.returncode == 1
+    assert "FAIL unmatched: nope/*.pt:" in done.stdout and "FAIL unmatched: missing.json:" in done.stdout
+    assert "ckpt/**" not in done.stdout
+    assert not (root / "PULL_MANIFEST.json").exists()
+
+
+def test_empty_roster_or_empty_result_is_a_failure(tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "ckpt").mkdir(parents=True)
+    no_roster = run(BUILD, "--root", empty, "--run-id", RUN)
+    assert no_roster.returncode == 2 and "--roster" in no_roster.stderr
+    nothing = build(empty, ("**",))
+    assert nothing.returncode == 1 and "FAIL unmatched: **" in nothing.stdout
+    assert not (empty / "PULL_MANIFEST.json").exists()
+    for bad in ("../outside", "/abs/path"):
+        refused = build(empty, (bad,))
+        assert refused.returncode == 2 and "roster entry" in refused.stderr
+
+
+def test_symlink_escape_and_special_files_are_rejected(tmp_path):
+    root = make_results(tmp_path / "r")
+    secret = tmp_path / "outside.txt"
+    secret.write_text("not yours")
+    os.symlink(secret, root / "ckpt" / "sneaky.pt")
+    os.mkfifo(root / "ckpt" / "pipe")
+    done = build(root)
+    assert done.returncode == 1
+    assert re.search(r"^FAIL escape: ckpt/sneaky\.pt: symlink resolves outside the root", done.stdout, re.M)
+    assert re.search(r"^FAIL special: ckpt/pipe: fifo", done.stdout, re.M)
+    assert not (root / "PULL_MANIFEST.json").exists()
+    # Outside the roster the same entries do not matter.
+    assert build(root, ("metrics.jsonl",)).returncode == 0
+
+
+def test_symlink_inside_root_is_hashed_as_content_and_pulled_as_file(tmp_path):
+    need("rsync")
+    root = make_results(tmp_path / "r")
+    os.symlink("ckpt/epoch_1.pt", root / "best.pt")
+    done = build(root, ROSTER + ("best.pt",))
+    assert done.returncode == 0, done.stdout
+    entries = {e["path"]: e for e in json.loads((root / "PULL_MANIFEST.json").read_text())["files"]}
+    assert entries["best.pt"]["sha256"] == entries["ckpt/epoch_1.pt"]["sha256"]
+    pulled = pull(str(root), tmp_path / "dest")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    copy = tmp_path / "dest" / RUN / "best.pt"
+    assert copy.is_file() and not copy.is_symlink()
+    assert copy.read_bytes() == (root / "ckpt" / "epoch_1.pt").read_bytes()
+
+
+# ---------------------------------------------------------------- pull over ssh
+
+def test_full_pull_over_ssh(sshd_server, node, tmp_path):
+    dest = tmp_path / "dest"
+    done = pull(f"gpu-box:{node}", dest, sshd_server.rsh, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "promoted" and summary["ok"] is True
+    final = dest / RUN
+    verified = json.loads((final / "PULL_VERIFIED.json").read_text())
+    assert verified["run_id"] == RUN
+    assert verified["manifest_sha256"] == sha(node / "PULL_MANIFEST.json")
+    assert (final / "PULL_MANIFEST.json").read_bytes() == (node / "PULL_MANIFEST.json").read_bytes()
+    manifest = json.loads((node / "PULL_MANIFEST.json").read_text())
+    assert verified["file_count"] == manifest["file_count"] == 4
+    assert verified["total_bytes"] == manifest["total_bytes"]
+    assert verified["source"] == f"gpu-box:{node}"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", verified["verified_at"])
+    for entry in manifest["files"]:
+        assert (final / entry["path"]).read_bytes() == (node / entry["path"]).read_bytes()
+    pulled = {p.relative_to(final).as_posix() for p in final.rglob("*") if p.is_file()}
+    assert pulled == {e["path"] for e in manifest["files"]} | {"PULL_MANIFEST.json", "PULL_VERIFIED.json"}
+    assert not (dest / f".staging-{RUN}").exists()
+
+    # Re-running is idempotent ...
+    again = pull(f"gpu-box:{node}", dest, sshd_server.rsh)
+    assert again.returncode == 0 and "ALREADY" in again.stdout
+    # ... but a different pull of the same run id is never written over the verified one.
+    (node / "final.json").write_text(json.dumps({"steps_done": 60}))
+    assert build(node).returncode == 0
+    clash = pull(f"gpu-box:{node}", dest, sshd_server.rsh)
+    assert clash.returncode == 3 and "refusing to overwrite" in clash.stdout
+    assert json.loads((final / "final.json").read_text())["steps_done"] == 50
+
+
+def test_interrupted_pull_resumes_and_reuses_partial_data(sshd_server, node, tmp_path):
+    size = 6 * 1024 * 1024
+    (node / "ckpt" / "big.pt").write_bytes(os.urandom(size))
+    assert build(node).returncode == 0
+    dest = tmp_path / "dest"
+    staging = dest / f".staging-{RUN}"
+
+    def start_and_interrupt(sig, bwlimit, threshold):
+        proc = subprocess.Popen([sys.executable, str(PULL), "--source", f"gpu-box:{node}", "--dest", str(dest),
+                                 "--rsh", sshd_server.rsh, "--bwlimit", str(bwlimit)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        deadline = time.monotonic() + 20
+        seen = 0
+        while time.monotonic() < deadline and proc.poll() is None:
+            temps = glob.glob(str(staging / "ckpt" / ".big.pt.*"))
+            seen = max([os.path.getsize(t) for t in temps] + [0])
+            if seen >= threshold:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None and seen >= threshold, "transfer finished or never started; cannot interrupt"
+        os.killpg(proc.pid, sig)  # what Ctrl-C (or a crash) does to the whole foreground group
+        out, _ = proc.communicate(timeout=30)
+        return proc.returncode, out
+
+    rc, out = start_and_interrupt(signal.SIGINT, 1024, 1024 * 1024)
+    assert rc == 130 and "INTERRUPTED" in out, out
+    partial = staging / "ckpt" / ".rsync-partial" / "big.pt"
+    assert partial.is_file() and 0 < partial.stat().st_size < size
+    kept = partial.stat().st_size
+    assert_not_promoted(dest)
+
+    done = pull(f"gpu-box:{node}", dest, sshd_server.rsh, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    stats = json.loads(done.stdout)["rsync"]
+    # The kept partial was the basis of the second transfer: its blocks matched instead of being resent.
+    assert stats["matched_bytes"] >= kept - 64 * 1024, stats
+    total = json.loads((node / "PULL_MANIFEST.json").read_text())["total_bytes"]
+    assert stats["literal_bytes"] <= total - kept + 64 * 1024, stats  # everything else, not the kept part
+    assert (dest / RUN / "ckpt" / "big.pt").read_bytes() == (node / "ckpt" / "big.pt").read_bytes()
+    assert not partial.exists() and not (dest / RUN / "ckpt" / ".rsync-partial").exists()
+
+
+def test_hard_kill_leftover_is_adopted_on_resume(sshd_server, node, tmp_path):
+    size = 4 * 1024 * 1024
+    (node / "ckpt" / "big.pt").write_bytes(os.urandom(size))
+    assert build(node).returncode == 0
+    dest = tmp_path / "dest"
+    staging = dest / f".staging-{RUN}"
+    proc = subprocess.Popen([sys.executable, str(PULL), "--source", f"gpu-box:{node}", "--dest", str(dest),
+                             "--rsh", sshd_server.rsh, "--bwlimit", "2048"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        temps = glob.glob(str(staging / "ckpt" / ".big.pt.*"))
+        if temps and os.path.getsize(temps[0]) >= 1024 * 1024:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # no cleanup at all: rsync's temp file stays behind
+    proc.wait(10)
+    assert glob.glob(str(staging / "ckpt" / ".big.pt.*")), "expected rsync's temp file after kill -9"
+    done = pull(f"gpu-box:{node}", dest, sshd_server.rsh, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    stats = json.loads(done.stdout)["rsync"]
+    assert stats["matched_bytes"] > 0 and stats["literal_bytes"] < size, stats
+    assert sha(dest / RUN / "ckpt" / "big.pt") == sha(node / "ckpt" / "big.pt")
+
+
+@pytest.mark.parametrize("fault, code, path, words", [
+    ("flip", "sha256", "ckpt/epoch_1.pt", "content differs from the manifest"),
+    ("truncate", "truncated", "ckpt/sub/epoch_2.pt", "of 90004 bytes"),
+    ("delete", "missing", "metrics.jsonl", "in the manifest but not here"),
+])
+def test_node_side_damage_fails_with_its_own_reason(sshd_server, node, tmp_path, fault, code, path, words):
+    target = node / path
+    if fault == "flip":
+        flip_byte(target, 70_000)
+    elif fault == "truncate":
+        with open(target, "r+b") as handle:
+            handle.truncate(1000)
+    else:
+        target.unlink()
+    dest = tmp_path / "dest"
+    done = pull(f"gpu-box:{node}", dest, sshd_server.rsh)
+    assert done.returncode == 1
+    assert re.search(rf"^FAIL {code}: {re.escape(path)}: .*{re.escape(words)}", done.stdout, re.M), done.stdout
+    assert fail_codes(done.stdout) - {"rsync"} == {code}, done.stdout
+    assert "NOT PROMOTED" in done.stdout
+    assert_not_promoted(dest)
+    assert (dest / f".staging-{RUN}").is_dir(), "staging must be kept for the next attempt"
+
+
+def test_extra_file_in_staging_fails_then_clean_rerun_passes(sshd_server, node, tmp_path):
+    dest = tmp_path / "dest"
+    staging = dest / f".staging-{RUN}"
+    (staging / "ckpt").mkdir(parents=True)
+    (staging / "ckpt" / "stale_epoch_0.pt").write_bytes(b"left over from an earlier roster")
+    done = pull(f"gpu-box:{node}", dest, sshd_server.rsh)
+    assert done.returncode == 1
+    assert re.search(r"^FAIL extra: ckpt/stale_epoch_0\.pt: present but not in the manifest", done.stdout, re.M)
+    assert fail_codes(done.stdout) == {"extra"}
+    assert_not_promoted(dest)
+    fresh = pull(f"gpu-box:{node}", dest, sshd_server.rsh, "--fresh")
+    assert fresh.returncode == 0, fresh.stdout
+    assert not (dest / RUN / "ckpt" / "stale_epoch_0.pt").exists()
+
+
+def test_remote_root_forms_reach_rsync_and_ssh_correctly():
+    argv = pull_verified.rsync_argv("rsync", "gpu-box", "~/runs/a b", "/d/st", "/d/l", "ssh -F c", None, False)
+    assert argv[-2:] == ["gpu-box:runs/a b/", "/d/st/"]  # rsync --files-from would take "~/" literally
+    assert pull_verified.rsync_argv("rsync", "gpu-box", "~", "/d", "/l", None, 10, False)[-2] == "gpu-box:./"
+    assert pull_verified.remote_quote("~/runs/a b") == "~/'runs/a b'"  # ssh side: ~ still expands
+    assert pull_verified.parse_source("user@gpu-box:/w/r") == ("user@gpu-box", "/w/r")
+    assert pull_verified.parse_source("./local:dir/x") == (None, "./local:dir/x")
+    for bad in ("gpu-box::module/x", ":/x", "gpu-box:", "-oProxyCommand=x:/y"):
+        with pytest.raises(pull_verified.UsageError):
+            pull_verified.parse_source(bad)
+
+
+@pytest.mark.parametrize("bad_path, words", [
+    ("../escape.pt", "'..' component"),
+    ("ckpt/../../../etc/cron.d/x", "'..' component"),
+    ("/etc/passwd", "absolute path"),
+    ("ckpt\\epoch_1.pt", "backslash"),
+    ("ckpt/a\u0000b", "NUL byte"),
+    ("PULL_VERIFIED.json", "reserved name"),
+])
+def test_unsafe_manifest_paths_rejected_before_pulling(sshd_server, node, tmp_path, bad_path, words):
+    manifest = json.loads((node / "PULL_MANIFEST.json").read_text())
+    manifest["files"][0]["path"] = bad_path
+    (node / "PULL_MANIFEST.json").write_text(json.dumps(manifest))
+    dest = tmp_path / "dest"
+    done = pull(f"gpu-box:{node}", dest, sshd_server.rsh)
+    assert done.returncode == 1
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("FAIL unsafe-path:"))
+    assert words in line, done.stdout
+    assert "NOTHING PULLED" in done.stdout
+    assert not dest.exists(), "nothing may be created before the manifest is known to be safe"
+
+
+def test_duplicate_entries_rejected(node, tmp_path):
+    manifest = json.loads((node / "PULL_MANIFEST.json").read_text())
+    manifest["files"].append(dict(manifest["files"][0]))
+    manifest["file_count"] += 1
+    (node / "PULL_MANIFEST.json").write_text(json.dumps(manifest))
+    done = pull(str(node), tmp_path / "dest")
+    assert done.returncode == 1 and "FAIL duplicate: ckpt/epoch_1.pt: listed twice" in done.stdout
+    assert not (tmp_path / "dest").exists()
+
+
+# ---------------------------------------------------------------- teardown gate
+
+def gate(pulled, profile_env, *args):
+    return run(GATE, "--pulled", pulled, "--profile", "examplecloud", *args, env=profile_env)
+
+
+def test_gate_passes_fresh_pull_and_prints_meter_stop(sshd_server, node, tmp_path, profile_env):
+    dest = tmp_path / "dest"
+    assert pull(f"gpu-box:{node}", dest, sshd_server.rsh).returncode == 0
+    done = gate(dest / RUN, profile_env, "--source", f"gpu-box:{node}", "--rsh", sshd_server.rsh)
+    assert done.returncode == 0, done.stdout + done.stderr
+    total = json.loads((node / "PULL_MANIFEST.json").read_text())["total_bytes"]
+    assert f"PASS teardown gate for run {RUN}: 4 files, {total} bytes" in done.stdout
+    assert "re-hashed on the node now" in done.stdout
+    assert PROFILE["billing"]["meter_stop_action"] in done.stdout
+    assert PROFILE["billing"]["meter_stop_destroys"] in done.stdout
+    assert PROFILE["billing"]["keeps_billing_when_paused"] in done.stdout
+    assert "network volume" in done.stdout
+    assert "did NOT" in done.stdout
+    as_json = json.loads(gate(dest / RUN, profile_env, "--source", f"gpu-box:{node}", "--rsh", sshd_server.rsh,
+                              "--json").stdout)
+    assert as_json["verdict"] == "PASS" and as_json["teardown_performed"] is False
+
+
+def test_gate_refuses_stale_pull(sshd_server, node, tmp_path, profile_env):
+    dest = tmp_path / "dest"
+    assert pull(f"gpu-box:{node}", dest, sshd_server.rsh).returncode == 0
+    (node / "final.json").write_text(json.dumps({"steps_done": 80, "loss": 0.01}))  # job wrote more after the pull
+    (node / "ckpt" / "epoch_3.pt").write_bytes(b"GOOD new checkpoint")
+    source = ("--source", f"gpu-box:{node}", "--rsh", sshd_server.rsh)
+    done = gate(dest / RUN, profile_env, *source)
+    assert done.returncode == 3, done.stdout
+    assert re.search(r"^REASON stale: final\.json: changed on the node since the pull", done.stdout, re.M)
+    assert re.search(r"^REASON stale: ckpt/epoch_3\.pt: on the node but not in the pull", done.stdout, re.M)
+    assert "did NOT" in done.stdout and PROFILE["billing"]["meter_stop_action"] not in done.stdout
+    # --fetch-only trusts the stored manifest: it cannot see the change until the manifest is rebuilt ...
+    weak = gate(dest / RUN, profile_env, *source, "--fetch-only")
+    assert weak.returncode == 0 and "not re-hashed" in weak.stdout
+    # ... after which it refuses too.
+    assert build(node).returncode == 0
+    rebuilt = gate(dest / RUN, profile_env, *source, "--fetch-only")
+    assert rebuilt.returncode == 3 and "REASON stale: final.json" in rebuilt.stdout
+
+
+def test_gate_refuses_damaged_local_copy(node, tmp_path, profile_env):
+    dest = tmp_path / "dest"
+    assert pull(str(node), dest).returncode == 0
+    flip_byte(dest / RUN / "ckpt" / "sub" / "epoch_2.pt", 12)
+    done = gate(dest / RUN, profile_env, "--source", str(node))
+    assert done.returncode == 3
+    assert re.search(r"^REASON sha256: ckpt/sub/epoch_2\.pt: local copy: content differs", done.stdout, re.M)
+
+
+def test_gate_load_checks(node, tmp_path, profile_env):
+    dest = tmp_path / "dest"
+    assert pull(str(node), dest).returncode == 0
+    checker = tmp_path / "check_ckpt.py"
+    checker.write_text("import sys\n"
+                       "data = open(sys.argv[1], 'rb').read(4)\n"
+                       "sys.exit(0 if data == b'GOOD' else 'bad header: %r' % data)\n")
+    manifest = ("--manifest", str(node / "PULL_MANIFEST.json"))
+    ok = gate(dest / RUN, profile_env, *manifest, "--load-check", f"{sys.executable} {checker} {{}}")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "2 load-check(s) passed" in ok.stdout
+    failing = tmp_path / "fail_load.py"
+    failing.write_text("import sys\nsys.exit('cannot unpickle ' + sys.argv[1].rsplit('/', 1)[-1])\n")
+    bad = gate(dest / RUN, profile_env, *manifest, "--load-check", f"{sys.executable} {failing} {{}}")
+    assert bad.returncode == 3
+    assert re.search(r"^REASON load-check: ckpt/epoch_1\.pt: .* exited 1: cannot unpickle epoch_1\.pt",
+                     bad.stdout, re.M), bad.stdout
+    nothing = gate(dest / RUN, profile_env, *manifest, "--load-check", f"{sys.executable} {checker} {{}}",
+                   "--load-glob", "**/*.safetensors")
+    assert nothing.returncode == 3 and "would check nothing" in nothing.stdout
+
+
+def test_gate_reads_the_generated_profile_index(node, tmp_path):
+    index = SCRIPTS.parent / "profiles" / "index.json"
+    if not index.is_file():
+        missing("profiles/index.json not generated yet (scripts/build_profile_index.py)")
+    local = json.loads(index.read_text())["profiles"]["local"]
+    assert pull(str(node), tmp_path / "dest").returncode == 0
+    env = {k: v for k, v in os.environ.items() if k != "RGT_PROFILE_INDEX"}  # default lookup next to scripts/
+    done = run(GATE, "--pulled", tmp_path / "dest" / RUN, "--source", str(node), "--profile", "local", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert local["billing"]["meter_stop_action"] in done.stdout and "did NOT" in done.stdout
+
+
+def test_gate_refuses_without_verified_pull_and_rejects_unknown_profile(node, tmp_path, profile_env):
+    bare = tmp_path / "copied-by-hand" / RUN
+    bare.mkdir(parents=True)
+    done = gate(bare, profile_env, "--manifest", str(node / "PULL_MANIFEST.json"))
+    assert done.returncode == 3 and "not a verified pull" in done.stdout
+    unknown = run(GATE, "--pulled", bare, "--profile", "no-such-cloud", "--manifest", str(node / "PULL_MANIFEST.json"),
+                  env=profile_env)
+    assert unknown.returncode == 2 and "unknown --profile" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+# ---------------------------------------------------------------- properties
+
+from hypothesis import given, settings, HealthCheck, strategies as st  # noqa: E402
+
+FILES = st.lists(st.binary(min_size=1, max_size=3000), min_size=1, max_size=3)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(contents=FILES, data=st.data())
+def test_any_single_byte_change_on_the_node_is_caught(contents, data):
+    need("rsync")
+    index = data.draw(st.integers(0, len(contents) - 1), label="file")
+    offset = data.draw(st.integers(0, len(contents[index]) - 1), label="offset")
+    mask = data.draw(st.integers(1, 255), label="xor")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "node"
+        (root / "out").mkdir(parents=True)
+        for i, blob in enumerate(contents):
+            (root / "out" / f"f{i}.bin").write_bytes(blob)
+        assert build(root, ("out",)).returncode == 0
+        flip_byte(root / "out" / f"f{index}.bin", offset, mask)
+        done = pull(str(root), Path(tmp) / "dest")
+        assert done.returncode == 1
+        assert f"FAIL sha256: out/f{index}.bin:" in done.stdout
+        assert fail_codes(done.stdout) == {"sha256"}
+        assert not (Path(tmp) / "dest" / RUN).exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(contents=FILES, data=st.data())
+def test_verify_tree_catches_any_single_byte_change(contents, data):
+    index = data.draw(st.integers(0, len(contents) - 1))
+    offset = data.draw(st.integers(0, len(contents[index]) - 1))
+    mask = data.draw(st.integers(1, 255))
+    with tempfile.TemporaryDirectory() as tmp:
+        entries = []
+        for i, blob in enumerate(contents):
+            Path(tmp, f"f{i}.bin").write_bytes(blob)
+            entries.append({"path": f"f{i}.bin", "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()})
+        manifest = {"files": entries}
+        assert pull_verified.verify_tree(tmp, manifest, jobs=2)[0] == []
+        flip_byte(Path(tmp, f"f{index}.bin"), offset, mask)
+        problems, _ = pull_verified.verify_tree(tmp, manifest, jobs=2)
+        assert [(p["code"], p["path"]) for p in problems] == [("sha256", f"f{index}.bin")]
+
+
+SEGMENTS = st.sampled_from(["ckpt", "a.pt", "..", ".", "", "x\\y", "n\nl", "~", ".rsync-partial",
+                            "PULL_MANIFEST.json", "..hidden", "é"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(parts=st.lists(SEGMENTS, min_size=1, max_size=4), absolute=st.booleans())
+def test_puller_path_rules_agree_with_published_schema(parts, absolute, schema_validator):
+    path = ("/" if absolute else "") + "/".join(parts)
+    manifest = {"schema": "rgt-pull-manifest/1", "run_id": "r", "created_at": "2026-12-02T13:00:00Z",
+                "roster": ["**"], "file_count": 1, "total_bytes": 0,
+                "files": [{"path": path, "size": 0, "sha256": "0" * 64}]}
+    assert schema_validator.is_valid(manifest) == (pull_verified.path_problem(path) is None), repr(path)

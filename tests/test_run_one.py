@@ -1,0 +1,419 @@
+"""Fault drills for scripts/run_one.sh: real bash, tmux, setsid, signals, files and the real dead-man.
+
+Each test builds a throw-away profile index (RGT_PROFILE_INDEX) whose METER_STOP_CMD is a stand-in
+script that appends a line to a file, so a firing dead-man is visible and harmless.
+"""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import SCRIPTS, need
+
+RUN_ONE = str(SCRIPTS / "run_one.sh")
+DEADMAN = str(SCRIPTS / "deadman.py")
+TERMINAL = ("succeeded", "failed", "sync_failed")
+
+# The job: records what it saw at start, optionally writes outputs, sleeps, exits with a code.
+# On SIGTERM it writes a marker (its "checkpoint") and exits 143.
+JOB = r"""
+import json, os, signal, sys, time
+cfg = json.loads(sys.argv[1])
+def on_term(signum, frame):
+    open(cfg["term_marker"], "w").write(repr(time.time()))
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+run_dir = os.environ.get("RGT_RUN_DIR", "")
+try:
+    dm = json.load(open(os.path.join(run_dir, "deadman.json")))
+    os.kill(dm["pid"], 0)
+    dm_seen = dm["state"]
+except Exception as exc:
+    dm_seen = "none: %s" % exc
+seen = {k: os.environ.get(k) for k in ("RGT_RUN_DIR", "RGT_RUN_ID", "RGT_HEARTBEAT", "DATA_DIR", "DURABLE_DIR",
+                                       "RGT_HOOK_SEEN")}
+seen.update(deadman_at_start=dm_seen, cwd=os.getcwd(), pgid=os.getpgid(0), pid=os.getpid(),
+            stdin=os.readlink("/proc/self/fd/0"))
+open(cfg["seen"], "w").write(json.dumps(seen))
+for rel, size in cfg.get("outputs", {}).items():
+    os.makedirs(os.path.dirname(rel) or ".", exist_ok=True)
+    with open(rel, "wb") as fh:
+        fh.write(os.urandom(size))
+print("job: started", flush=True)
+time.sleep(cfg.get("sleep", 0))
+print("job: done", flush=True)
+sys.exit(cfg.get("code", 0))
+"""
+
+
+def pid_alive(pid):
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    try:
+        with open("/proc/%d/stat" % int(pid)) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def read(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_for(predicate, timeout=15.0, step=0.05):
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def sha(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+class Box(object):
+    """A temporary 'node': profile index, data/durable dirs, a stand-in meter stop, a work dir."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.data = tmp_path / "data"
+        self.durable = tmp_path / "durable"
+        self.work = tmp_path / "work"
+        for d in (self.data, self.work):
+            d.mkdir()
+        self.stop_calls = tmp_path / "meter-stop.calls"
+        stop = tmp_path / "meter-stop.sh"
+        stop.write_text('#!/bin/sh\necho "stop $(date +%%s.%%N) $*" >> "%s"\n' % self.stop_calls)
+        stop.chmod(0o755)
+        self.index = tmp_path / "index.json"
+        self.index.write_text(json.dumps({"generated_by": "test", "schema_version": 1, "profiles": {"testbox": {
+            "platform": "testbox", "defaults": {
+                "DATA_DIR": str(self.data), "DURABLE_DIR": str(self.durable), "HF_HOME": None, "PROXY_HOOK": None,
+                "DISK_FLOOR_GB": 0.001, "METER_STOP_CMD": "%s pod-42" % stop, "METER_STOP_DESTRUCTIVE": False,
+                "METER_STOP_NEEDS": None}}}}))
+        self.env = dict(os.environ, RGT_PROFILE_INDEX=str(self.index), RGT_PYTHON=sys.executable)
+        for var in ("DATA_DIR", "DURABLE_DIR", "HF_HOME", "PROXY_HOOK", "DISK_FLOOR_GB", "RGT_PROFILE", "TMUX"):
+            self.env.pop(var, None)
+        self.runs = []
+
+    def run_dir(self, run_id):
+        return self.durable / "runs" / run_id
+
+    def job(self, name, **cfg):
+        cfg.setdefault("seen", str(self.tmp / ("%s.seen.json" % name)))
+        cfg.setdefault("term_marker", str(self.tmp / ("%s.sigterm" % name)))
+        return [sys.executable, "-c", JOB, json.dumps(cfg)], cfg
+
+    def argv(self, run_id, job_argv, *opts):
+        self.runs.append(run_id)
+        return ["bash", RUN_ONE, "--profile", "testbox", "--run-id", run_id, "--poll-seconds", "0.1", *opts,
+                "--", *job_argv]
+
+    def launch(self, run_id, job_argv, *opts, env=None, timeout=60):
+        return subprocess.run(self.argv(run_id, job_argv, *opts), cwd=str(self.work), env=env or self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def status(self, run_id):
+        return read(self.run_dir(run_id) / "status.json")
+
+    def wait_terminal(self, run_id, timeout=20):
+        assert wait_for(lambda: self.status(run_id).get("state") in TERMINAL, timeout), self.status(run_id)
+        return self.status(run_id)
+
+    def stop_calls_lines(self):
+        return self.stop_calls.read_text().splitlines() if self.stop_calls.exists() else []
+
+    def cleanup(self):
+        """Disarm our dead-men and end every process our runs started, by recorded pid only."""
+        for run_id in self.runs:
+            rd = self.run_dir(run_id)
+            if not rd.is_dir():
+                continue
+            subprocess.run([sys.executable, DEADMAN, "ack", "--run-dir", str(rd), "--disarm"],
+                           capture_output=True, timeout=30)
+            status = read(rd / "status.json")
+            pids = [status.get("job_pid"), status.get("supervisor_pid"), read(rd / "deadman.json").get("pid")]
+            for pid in pids:
+                if pid and pid_alive(pid):
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+            if shutil.which("tmux"):
+                tmux = "rgt-" + run_id.replace(".", "_")
+                subprocess.run(["tmux", "-L", tmux, "kill-server"], capture_output=True, env=self.env)
+
+
+@pytest.fixture
+def box(tmp_path):
+    b = Box(tmp_path)
+    yield b
+    b.cleanup()
+
+
+def path_without(tmp_path, hidden):
+    """A PATH holding links to every program on PATH except `hidden`."""
+    farm = tmp_path / ("bin-without-%s" % hidden)
+    farm.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            src = os.path.join(folder, name)
+            if name == hidden or os.path.lexists(farm / name) or os.path.isdir(src) or not os.access(src, os.X_OK):
+                continue
+            os.symlink(src, farm / name)
+    return str(farm)
+
+
+# ----------------------------------------------------------------------------- static
+
+def test_shellcheck_clean():
+    res = subprocess.run([need("shellcheck"), "-x", "-S", "style", RUN_ONE], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout
+
+
+def test_usage_errors_exit_2(box):
+    for opts in ([], ["--bogus"], ["--stall-minutes", "soon"], ["--run-id", "bad/id"]):
+        argv = ["bash", RUN_ONE, *opts] + (["--", "true"] if opts else [])
+        res = subprocess.run(argv, env=box.env, capture_output=True, text=True, cwd=str(box.work), timeout=30)
+        assert res.returncode == 2, (opts, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1 and "error" in res.stderr
+    bare_bin = box.tmp / "bare-bin"                    # a node with a shell and coreutils but no Python
+    bare_bin.mkdir()
+    for tool in ("bash", "sed", "dirname", "basename", "cat"):
+        os.symlink(shutil.which(tool), bare_bin / tool)
+    bare = subprocess.run([str(bare_bin / "bash"), RUN_ONE, "--help"], capture_output=True, text=True,
+                          env={"PATH": str(bare_bin)})
+    assert bare.returncode == 0 and "Exit codes" in bare.stdout, "--help must work on a bare machine"
+    assert not box.durable.exists(), "a usage error created files"
+
+
+# ----------------------------------------------------------------------------- the happy path, both detach modes
+
+@pytest.mark.parametrize("detach", ["tmux", "setsid"])
+def test_success_syncs_verified_and_deadman_armed_before_job(box, detach):
+    env = dict(box.env)
+    if detach == "tmux":
+        need("tmux")
+    else:
+        env["PATH"] = path_without(box.tmp, "tmux")
+        assert subprocess.run(["bash", "-c", "command -v tmux"], env=env).returncode != 0
+    hook = box.tmp / "proxy-hook.sh"
+    hook.write_text("export RGT_HOOK_SEEN=yes-$RANDOM_UNSET_VAR\n")     # an unset var must not kill the launch
+    env["PROXY_HOOK"] = str(hook)
+    env["DATA_DIR"] = str(box.tmp / "my-data")                          # the environment beats the profile
+    job, cfg = box.job("ok", outputs={"out/model.bin": 300000, "out/sub/metrics.json": 64}, sleep=0.3)
+    res = box.launch("ok1", job, "--output", "out/*.bin", "--output", "out/sub", "--grace-minutes", "0.02",
+                     "--wait", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    rd = box.run_dir("ok1")
+    for text in ("run id:   ok1", "run dir:  %s" % rd, "run_status.py %s" % rd, "tail -f %s/job.log" % rd):
+        assert text in res.stdout
+    assert ("tmux -L rgt-ok1 attach -t rgt-ok1" in res.stdout) == (detach == "tmux")
+    status = box.status("ok1")
+    assert status["state"] == "succeeded" and status["exit_code"] == 0 and status["detach"] == detach
+    assert (rd / "exit_code").read_text().strip() == "0"
+    assert not (rd / "run.lock").exists(), "lock left behind after the run"
+    seen = json.loads(open(cfg["seen"]).read())
+    assert seen["deadman_at_start"] == "armed", "the dead-man was not armed before the job started"
+    assert seen["RGT_RUN_DIR"] == str(rd) and seen["RGT_RUN_ID"] == "ok1"
+    assert seen["RGT_HEARTBEAT"] == str(rd / "heartbeat.json")
+    assert seen["DATA_DIR"] == str(box.tmp / "my-data") and seen["DURABLE_DIR"] == str(box.durable)
+    assert seen["RGT_HOOK_SEEN"] == "yes-", "the proxy hook was not sourced into the job's environment"
+    assert seen["cwd"] == str(box.work) and seen["stdin"] == "/dev/null" and seen["pgid"] == seen["pid"]
+    run = read(rd / "run.json")
+    assert run["cmd"] == job and run["outputs"] == ["out/*.bin", "out/sub"] and run["profile"] == "testbox"
+    sync = read(rd / "sync.json")
+    assert sync["ok"] is True and sync["verified"] is True
+    dest = box.durable / "results" / "ok1"
+    assert sync["dest"] == str(dest)
+    assert sorted(f["path"] for f in sync["files"]) == ["out/model.bin", "out/sub/metrics.json"]
+    for entry in sync["files"]:
+        assert sha(dest / entry["path"]) == sha(box.work / entry["path"]) == entry["sha256"]
+    assert "job: done" in (rd / "job.log").read_text()
+    # finished and nobody acknowledged: the dead-man stops the meter after the grace period
+    assert wait_for(lambda: read(rd / "DEADMAN_FIRED.json").get("message"), 15)
+    fired = read(rd / "DEADMAN_FIRED.json")
+    assert fired["reason"] == "job_ended" and fired["ok"] is True
+    assert [line.split()[-1] for line in box.stop_calls_lines()] == ["pod-42"]
+
+
+# ----------------------------------------------------------------------------- exit codes and failed syncs
+
+def test_job_exit_code_is_preserved(box):
+    job, _ = box.job("seven", outputs={"out/partial.bin": 10}, code=7)
+    res = box.launch("seven", job, "--output", "out/*", "--grace-minutes", "5", "--wait")
+    assert res.returncode == 7, res.stderr
+    rd = box.run_dir("seven")
+    status = box.status("seven")
+    assert status["state"] == "failed" and status["exit_code"] == 7
+    assert (rd / "exit_code").read_text().strip() == "7"
+    assert read(rd / "sync.json")["ok"] is True, "a failed job's partial outputs should still be saved"
+
+
+@pytest.mark.parametrize("fault", ["glob-matches-nothing", "durable-unwritable"])
+def test_failed_durable_sync_is_a_failure_even_when_training_succeeded(box, fault):
+    job, _ = box.job("sync", outputs={"out/model.bin": 100})
+    if fault == "durable-unwritable":
+        box.durable.mkdir()
+        (box.durable / "results").write_text("a file where the results directory should be\n")
+        opts = ["--output", "out/model.bin"]
+    else:
+        opts = ["--output", "out/model.bin", "--output", "out/*.ckpt"]
+    res = box.launch("sync1", job, *opts, "--grace-minutes", "5", "--wait")
+    assert res.returncode == 1, res.stdout + res.stderr
+    status = box.status("sync1")
+    assert status["state"] == "sync_failed" and status["exit_code"] == 0
+    sync = read(box.run_dir("sync1") / "sync.json")
+    assert sync["ok"] is False and sync["verified"] is False and sync["error"]
+    if fault == "glob-matches-nothing":
+        assert "out/*.ckpt" in sync["error"]
+    assert "SYNC FAILED" in (box.run_dir("sync1") / "job.log").read_text()
+
+
+# ----------------------------------------------------------------------------- gates
+
+def test_disk_floor_refuses_before_anything_starts(box):
+    job, cfg = box.job("floor")
+    res = box.launch("floor", job, "--disk-floor-gb", "100000000")
+    assert res.returncode == 3, res.stderr
+    assert "REFUSED" in res.stderr and "disk floor" in res.stderr
+    assert not box.run_dir("floor").exists(), "run dir (and its lock) created despite the refusal"
+    env = dict(box.env, DISK_FLOOR_INODES=str(10 ** 15))
+    res = box.launch("floor", job, env=env)
+    assert res.returncode == 3 and "inodes" in res.stderr
+    time.sleep(0.3)
+    assert not os.path.exists(cfg["seen"]), "the job ran although the gate refused"
+    assert not box.run_dir("floor").exists()
+
+
+def test_live_lock_refuses_and_sigterm_to_supervisor_reaches_the_job(box):
+    job, cfg = box.job("long", sleep=60)
+    res = box.launch("busy", job, "--grace-minutes", "5")
+    assert res.returncode == 0, res.stderr
+    rd = box.run_dir("busy")
+    assert wait_for(lambda: box.status("busy").get("state") == "running")
+    assert wait_for(lambda: os.path.exists(cfg["seen"]))
+    job2, cfg2 = box.job("second")
+    res2 = box.launch("busy", job2, "--run-dir", str(rd))
+    assert res2.returncode == 3 and "locked by live pid" in res2.stderr
+    time.sleep(0.3)
+    assert not os.path.exists(cfg2["seen"]), "a second job started in a locked run dir"
+    status = box.status("busy")
+    assert (rd / "run.lock" / "pid").read_text().strip() == str(status["supervisor_pid"])
+    os.kill(status["supervisor_pid"], signal.SIGTERM)             # what a spot platform does
+    final = box.wait_terminal("busy")
+    assert os.path.exists(cfg["term_marker"]), "SIGTERM never reached the job"
+    assert final["state"] == "failed" and final["exit_code"] == 143
+    assert "forwarding SIGTERM" in (rd / "job.log").read_text()
+    assert wait_for(lambda: not (rd / "run.lock").exists(), 5)
+
+
+def test_stale_lock_of_a_dead_pid_is_reclaimed(box):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rd = box.run_dir("stale")
+    (rd / "run.lock").mkdir(parents=True)
+    (rd / "run.lock" / "pid").write_text("%d\n" % dead.pid)
+    job, _ = box.job("stale")
+    res = box.launch("stale", job, "--grace-minutes", "5", "--wait")
+    assert res.returncode == 0, res.stderr
+    assert "stale lock" in res.stderr and box.status("stale")["state"] == "succeeded"
+
+
+# ----------------------------------------------------------------------------- the node runs itself
+
+@pytest.mark.parametrize("detach,signals", [("tmux", [signal.SIGKILL]), ("setsid", [signal.SIGHUP, signal.SIGKILL])])
+def test_job_and_deadman_survive_the_launching_session(box, detach, signals):
+    setsid = need("setsid")
+    env = dict(box.env)
+    if detach == "tmux":
+        need("tmux")
+    else:
+        env["PATH"] = path_without(box.tmp, "tmux")
+    job, cfg = box.job("survivor", outputs={"out/final.bin": 1000}, sleep=2.0)
+    launcher = " ".join("'%s'" % a.replace("'", "'\\''") for a in box.argv("surv", job, "--output", "out/*",
+                                                                             "--grace-minutes", "5"))
+    # an "SSH session": its own session and process group, killed as a whole like a dropped connection
+    session = subprocess.Popen([setsid, "bash", "-c", launcher + "; sleep 60"], cwd=str(box.work), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: box.status("surv").get("state") == "running" and os.path.exists(cfg["seen"]))
+        status = box.status("surv")
+        dm_pid = read(box.run_dir("surv") / "deadman.json")["pid"]
+        for sig in signals:
+            os.killpg(session.pid, sig)
+            time.sleep(0.2)
+        session.wait(timeout=5)
+    finally:
+        if session.poll() is None:
+            session.kill()
+    assert pid_alive(status["job_pid"]) and pid_alive(dm_pid), "job or dead-man died with the session"
+    final = box.wait_terminal("surv")
+    assert final["state"] == "succeeded" and final["detach"] == detach
+    assert read(box.run_dir("surv") / "sync.json")["verified"] is True
+    assert pid_alive(dm_pid), "the dead-man should still be watching (grace not over)"
+
+
+def test_stalled_job_is_stopped_by_the_deadman(box):
+    job, cfg = box.job("hung", sleep=60)                       # alive, silent: no heartbeat, no log lines
+    res = box.launch("hung", job, "--stall-minutes", "0.03", "--grace-minutes", "5")
+    assert res.returncode == 0, res.stderr
+    rd = box.run_dir("hung")
+    assert wait_for(lambda: read(rd / "DEADMAN_FIRED.json").get("message"), 20), "the dead-man never fired"
+    fired = read(rd / "DEADMAN_FIRED.json")
+    assert fired["reason"] == "stall" and fired["ok"] is True
+    assert fired["job_term"]["job_exited"] is True and os.path.exists(cfg["term_marker"])
+    assert [line.split()[-1] for line in box.stop_calls_lines()] == ["pod-42"]
+    assert box.wait_terminal("hung")["exit_code"] == 143
+
+
+def test_deadman_dry_run_and_no_deadman(box):
+    job, _ = box.job("dry")
+    res = box.launch("dry", job, "--deadman-dry-run", "--grace-minutes", "0.005", "--deadman-arg", "--retries",
+                     "--deadman-arg", "5", "--wait")
+    assert res.returncode == 0, res.stderr
+    assert "DRY RUN" in res.stdout
+    rd = box.run_dir("dry")
+    config = read(rd / "deadman.json")["config"]
+    assert config["dry_run"] is True and config["retries"] == 5 and config["stop_cmd_source"] == "profile:testbox"
+    assert wait_for(lambda: read(rd / "DEADMAN_FIRED.json").get("message"), 10)
+    assert read(rd / "DEADMAN_FIRED.json")["would_run"].endswith("pod-42") and box.stop_calls_lines() == []
+    job, _ = box.job("nodm")
+    res = box.launch("nodm", job, "--no-deadman", "--wait")
+    assert res.returncode == 0 and "--no-deadman" in res.stderr and "NOTHING" in res.stderr
+    assert not (box.run_dir("nodm") / "deadman.json").exists()
+    assert "DISABLED" in res.stdout
+
+
+def test_relaunch_in_the_same_run_dir_after_the_first_run(box):
+    job, _ = box.job("first", outputs={"out/a.bin": 10})
+    assert box.launch("again", job, "--output", "out/*", "--grace-minutes", "5", "--wait").returncode == 0
+    rd = box.run_dir("again")
+    res = box.launch("again", job, "--output", "out/*", "--grace-minutes", "5", "--wait")
+    assert res.returncode == 3 and "still armed" in res.stderr, res.stderr
+    assert box.status("again")["state"] == "succeeded", "a refused relaunch touched the old run's status"
+    dm_pid = read(rd / "deadman.json")["pid"]
+    subprocess.run([sys.executable, DEADMAN, "ack", "--run-dir", str(rd), "--disarm"], check=True,
+                   capture_output=True)
+    assert wait_for(lambda: not pid_alive(dm_pid), 5)
+    res = box.launch("again", job, "--output", "out/*", "--grace-minutes", "5", "--wait")
+    assert res.returncode == 0, res.stderr
+    (prev,) = list((rd / "previous").iterdir())
+    assert sorted(p.name for p in prev.iterdir()) == ["ACK", "exit_code", "sync.json"]
+    assert read(rd / "deadman.json")["state"] == "armed" and read(rd / "sync.json")["verified"] is True
