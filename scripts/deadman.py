@@ -162,6 +162,16 @@ def mtime(path):
         return None
 
 
+def suspended_seconds(before, after, threshold=60.0):
+    """Seconds the machine slept between two (wall, monotonic) readings, or 0.
+
+    CLOCK_MONOTONIC stops during system suspend on Linux while the wall clock keeps going,
+    so a gap between the two that a busy poll cannot explain is a suspend/resume.
+    """
+    gap = (after[0] - before[0]) - (after[1] - before[1])
+    return gap if gap >= threshold else 0.0
+
+
 def pid_alive(pid):
     """True when pid exists and is not a zombie (a zombie job is a finished job)."""
     try:
@@ -337,6 +347,8 @@ class Deadman(object):
         self.state = "armed"
         self.ended_seen = None        # first time we saw the job as over
         self.last_ssh = None          # last time an SSH session was seen
+        self.resumed_at = None        # wall time the machine last woke from suspend
+        self.clock = (time.time(), time.monotonic())
         self.last_note = None
         self.last_write = 0.0
         self.stop_requested = None
@@ -421,7 +433,7 @@ class Deadman(object):
 
         if active:
             if cfg["stall_minutes"]:
-                stamps = [self.armed_at] + [t for t in (mtime(self.p("heartbeat.json")), mtime(self.p("job.log")))
+                stamps = [self.armed_at, self.resumed_at or 0] + [t for t in (mtime(self.p("heartbeat.json")), mtime(self.p("job.log")))
                                             if t is not None]
                 quiet = now - max(stamps)
                 if quiet >= cfg["stall_minutes"] * 60:
@@ -439,6 +451,8 @@ class Deadman(object):
                           % (len(sessions), ", ".join(sessions)))
             if self.last_ssh:
                 idle_since = max(idle_since, self.last_ssh)
+            if self.resumed_at:
+                idle_since = max(idle_since, self.resumed_at)
             idle = now - idle_since
             if not sessions and idle >= cfg["grace_minutes"] * 60:
                 if why_over:
@@ -468,7 +482,18 @@ class Deadman(object):
                 self.log("exiting on signal %d: NOTHING WATCHES THIS RUN NOW" % self.stop_requested)
                 self.write_state()
                 return 0
+            if not os.path.isdir(self.run_dir):
+                # Someone removed the run on purpose; there is nothing left to record into or guard.
+                sys.stderr.write("deadman: run dir %s is gone; standing down\n" % self.run_dir)
+                return 0
             now = time.time()
+            slept = suspended_seconds(self.clock, (now, time.monotonic()))
+            self.clock = (now, time.monotonic())
+            if slept:
+                # A laptop lid or host suspend froze the job and us alike: the heartbeat is old only
+                # because time stood still for the job. Restart the stall and grace clocks.
+                self.resumed_at = now
+                self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
             verdict = self.evaluate(now)
             if verdict and verdict[0] == "disarm":
                 self.state = "disarmed"
@@ -479,7 +504,11 @@ class Deadman(object):
                 return self.fire(*verdict)
             if now - self.last_write >= max(30.0, self.cfg["poll_seconds"]):
                 self.write_state()
-            time.sleep(self.cfg["poll_seconds"])
+            # Sleep in short slices: time.sleep resumes after a handled signal (PEP 475),
+            # so one long sleep would delay a requested exit by a whole poll interval.
+            wake = time.time() + self.cfg["poll_seconds"]
+            while not self.stop_requested and time.time() < wake:
+                time.sleep(min(0.5, self.cfg["poll_seconds"]))
 
     # firing
     def save_fired(self):

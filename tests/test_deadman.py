@@ -477,3 +477,45 @@ def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs):
                     "(correct behaviour; the firing half of the drill needs a quiet host)")
     assert fired, "did not fire after the last SSH session closed"
     assert read(run, "DEADMAN_FIRED.json")["reason"] == "job_ended" and len(calls_of(calls)) == 1
+
+
+# ----------------------------------------------------------------------------- standing down
+
+def test_sigterm_ends_the_deadman_promptly_even_with_a_long_poll(tmp_path, procs):
+    job = start_job(procs, TERM_JOB, tmp_path / "marker")
+    run = make_run(tmp_path, state="running", job_pid=job.pid)
+    stop, calls = stand_in(tmp_path)
+    res = deadman("arm", "--run-dir", run, "--poll-seconds", "30", "--stop-cmd", stop)
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout.strip())
+    procs.append(pid)
+    assert wait_for(lambda: read_or_empty(run, "deadman.json").get("state") == "armed")
+    os.kill(pid, signal.SIGTERM)
+    assert wait_for(lambda: not pid_alive(pid), timeout=3), "dead-man ignored SIGTERM for a whole poll interval"
+    assert read(run, "deadman.json")["state"] == "exited"
+    assert calls_of(calls) == [] and job.poll() is None, "standing down must not stop the meter or the job"
+
+
+def test_removed_run_dir_makes_the_deadman_stand_down_without_firing(tmp_path, procs):
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    stop, calls = stand_in(tmp_path)
+    res = arm_bg(procs, run, "--grace-minutes", "0.05", "--stop-cmd", stop)
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout.strip())
+    assert wait_for(lambda: (run / "deadman.json").exists())
+    shutil.rmtree(run)
+    assert wait_for(lambda: not pid_alive(pid), timeout=5)
+    time.sleep(3.2)  # past the grace period: a dead-man still running would have fired by now
+    assert calls_of(calls) == []
+
+
+def test_suspend_is_told_apart_from_a_stall():
+    """A wall-clock jump the monotonic clock did not see is a suspend, not a hung job."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import deadman as dm
+    finally:
+        sys.path.pop(0)
+    assert dm.suspended_seconds((1000.0, 50.0), (1030.0, 80.0)) == 0.0        # a normal 30 s poll
+    assert dm.suspended_seconds((1000.0, 50.0), (1000.0 + 3600, 80.0)) == 3570  # an hour asleep
+    assert dm.suspended_seconds((1000.0, 50.0), (1020.0, 50.5)) == 0.0         # small jitter
