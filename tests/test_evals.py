@@ -99,3 +99,63 @@ def test_description_carries_trigger_words(word):
     text = (REPO / "SKILL.md").read_text(encoding="utf-8")
     desc = re.search(r"description: >-\n(.*?)\nlicense:", text, re.S).group(1)
     assert word in desc
+
+
+# --- routing: do SKILL.md's router words lead from the prompt to the expected file? -------------
+
+STOP = set("the a an my i is it to of on in and or for with but when after how do does what why can this that at "
+           "be from not no so me you your are was were has have".split())
+ROUTE_FLOOR = 0.75  # share of cases whose expected file is within reach of the top-3 router rows
+
+
+def words(text):
+    found = set(re.findall(r"[a-z0-9_./-]+|[\u4e00-\u9fff]", text.lower()))
+    return {w.strip(".") for w in found if (len(w) > 1 and w not in STOP) or re.match(r"[\u4e00-\u9fff]", w)}
+
+
+def router_rows(skill_text, root):
+    rows = []
+    for line in skill_text.splitlines():
+        if not line.startswith("|"):
+            continue
+        targets = re.findall(r"\]\(([^)#]+)", line) + re.findall(r"`((?:scripts|examples)/[\w.-]+)`", line)
+        if targets:
+            rows.append((words(line), [(root / t).resolve() for t in targets]))
+    return rows
+
+
+def route_rate(root, skill_text, cases):
+    """Share of cases routed right, with the misses: rows ranked by idf-weighted shared words."""
+    import math
+    rows = router_rows(skill_text, root)
+    df = {}
+    for ws, _ in rows:
+        for w in ws:
+            df[w] = df.get(w, 0) + 1
+    out_links = {}
+    for md in sc.files(root, {".md"}):
+        out_links[md.resolve()] = {(md.parent / t.partition("#")[0]).resolve() for _, t in sc.links(md)
+                                   if t.partition("#")[0] and "://" not in t}
+    misses = []
+    for _, case in cases:
+        prompt = words(case["prompt"])
+        ranked = sorted(rows, key=lambda r: -sum(math.log(1 + len(rows) / df[w]) for w in prompt & r[0]))[:3]
+        reach = set()
+        for _, targets in ranked:
+            for t in targets:
+                reach |= {t} | out_links.get(t, set())
+        if not {(root / f).resolve() for f in case["expected_files"]} & reach:
+            misses.append(case["id"])
+    return 1 - len(misses) / max(1, len(cases)), misses
+
+
+def test_router_words_lead_to_the_expected_files():
+    rate, misses = route_rate(REPO, (REPO / "SKILL.md").read_text(encoding="utf-8"), load_cases())
+    assert rate >= ROUTE_FLOOR, f"routing {rate:.0%} < {ROUTE_FLOOR:.0%}; missed: {misses}"
+
+
+def test_routing_check_fails_without_the_router():
+    text = (REPO / "SKILL.md").read_text(encoding="utf-8")
+    gutted = text[: text.index("## Router")] + text[text.index("## Scripts"):]
+    rate, _ = route_rate(REPO, gutted, load_cases())
+    assert rate < ROUTE_FLOOR
