@@ -176,6 +176,12 @@ class Demo:
         for run_dir in (self.node / "runs").glob("*") if (self.node / "runs").exists() else []:
             subprocess.run([sys.executable, str(SCRIPTS / "deadman.py"), "ack", "--run-dir", str(run_dir),
                             "--disarm"], capture_output=True, env=self.env)
+            try:  # a disarmed dead-man exits at its next poll; the demo does not wait for that
+                dm_pid = int(json.loads((run_dir / "deadman.json").read_text()).get("pid") or 0)
+                if dm_pid and b"deadman.py" in Path(f"/proc/{dm_pid}/cmdline").read_bytes():
+                    os.kill(dm_pid, signal.SIGTERM)
+            except (OSError, ValueError, json.JSONDecodeError):
+                pass
             try:
                 pid = int(json.loads((run_dir / "status.json").read_text()).get("job_pid") or 0)
                 if pid:
