@@ -570,8 +570,15 @@ class StopFlag:
 
 # ---------------------------------------------------------------- main
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write("%s: error: %s (try --help)\n" % (self.prog, message))
+        sys.exit(2)
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(
+    p = Parser(
         description="Resumable training example: full-state atomic checkpoints, automatic resume, "
                     "SIGTERM save (exit 143), heartbeat. See the module docstring for files and exit codes.")
     p.add_argument("--ckpt-dir", required=True, help="checkpoints, metrics.jsonl, final.json go here")
@@ -592,8 +599,23 @@ def parse_args(argv):
             p.error("--%s must be >= 1" % name.replace("_", "-"))
     if args.batch_size > args.samples:
         p.error("--batch-size must not exceed --samples")
-    if args.step_seconds < 0:
-        p.error("--step-seconds must be >= 0")
+    if not 0 <= args.step_seconds < 1e6:   # also nan and inf
+        p.error("--step-seconds must be >= 0 and < 1e6")
+    if not 0 < args.lr < 1e6:
+        p.error("--lr must be > 0 and < 1e6")
+    if not args.ckpt_dir:
+        p.error("--ckpt-dir is empty")
+    existing = os.path.abspath(args.ckpt_dir)
+    while not os.path.exists(existing):   # the part of --ckpt-dir that is already there
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        p.error("--ckpt-dir %s: %s is not a directory" % (args.ckpt_dir, existing))
+    hb_path = args.heartbeat or os.environ.get("RGT_HEARTBEAT")
+    if hb_path:
+        folder = os.path.dirname(os.path.abspath(hb_path))
+        if os.path.isdir(hb_path) or not os.path.isdir(folder):
+            p.error("heartbeat file %s cannot be written (%s)" % (
+                hb_path, "it is a directory" if os.path.isdir(hb_path) else "no directory " + folder))
     return args
 
 

@@ -68,8 +68,15 @@ def warm(paths):
                 pass
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description="Hashing throughput vs sha256sum (GUIDE §9 targets).")
+    parser = Parser(description="Hashing throughput vs sha256sum (GUIDE §9 targets).")
     parser.add_argument("--size-mb", type=int, default=1024, help="size of the one large file (MiB)")
     parser.add_argument("--small-count", type=int, default=5000, help="number of small files")
     parser.add_argument("--small-kb", type=int, default=64, help="size of each small file (KiB)")
@@ -92,8 +99,15 @@ def main() -> int:
     if not buffers or min(args.size_mb, args.small_count, args.small_kb, args.repeat, args.jobs) < 1:
         print("bench_manifest: sizes, counts, --repeat and --jobs must be positive", file=sys.stderr)
         return 2
+    if not all(0.0625 <= b <= 256 for b in buffers):   # build_pull_manifest.py's own limits; also nan
+        print("bench_manifest: each --buffer-mb must be between 0.0625 and 256", file=sys.stderr)
+        return 2
     base = args.dir or tempfile.gettempdir()
-    os.makedirs(base, exist_ok=True)
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as exc:
+        print(f"bench_manifest: cannot use --dir {base}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     need = (args.size_mb * 1024 + args.small_count * args.small_kb) * 1024 + (256 << 20)
     free = shutil.disk_usage(base).free
     if free < need:

@@ -220,12 +220,25 @@ def _current(path: Path):
         return None
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
+def nonempty_path(text: str) -> Path:
+    if not text:   # Path("") would silently mean the current directory
+        raise argparse.ArgumentTypeError("empty path")
+    return Path(text)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         description="Validate profiles/*.md frontmatter; write profiles/index.json and the platform "
                     "tables in SKILL.md and README.md.",
         epilog="Exit: 0 ok, 1 invalid profile or stale output (--check), 2 usage/bad input.")
-    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+    ap.add_argument("--root", type=nonempty_path, default=Path(__file__).resolve().parent.parent,
                     help="repository root (default: the parent of this script's directory)")
     ap.add_argument("--check", action="store_true",
                     help="write nothing; exit 1 naming each stale file")

@@ -456,8 +456,15 @@ def build(root: str, patterns, run_id: str, out, jobs: int, bufsize: int, progre
     return manifest, [], notes
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Hash an explicit roster of result files into a pull manifest (run on the node).",
         epilog="Exit: 0 written, 1 a check failed, 2 usage/bad input. Details: module docstring.")
     parser.add_argument("--root", required=True, help="durable directory holding the results")
@@ -493,9 +500,13 @@ def main(argv=None) -> int:
             raise UsageError("--jobs must be at least 1")
         if not 0.0625 <= args.buffer_mb <= 256:
             raise UsageError("--buffer-mb must be between 0.0625 and 256")
+        if args.out == "":
+            raise UsageError("--out is empty (give a file name, or '-' for stdout)")
         out = None if to_stdout else os.path.expanduser(args.out or os.path.join(root, MANIFEST_NAME))
         if out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
             raise UsageError(f"--out directory does not exist: {os.path.dirname(os.path.abspath(out))}")
+        if out is not None and os.path.isdir(out):
+            raise UsageError(f"--out {out} is a directory; give the manifest's file name")
     except UsageError as exc:
         print(f"build_pull_manifest: {exc}", file=sys.stderr)
         return 2

@@ -107,7 +107,10 @@ def iso(ts=None):
     """ISO-8601 UTC with a Z, to the second."""
     if ts is None:
         ts = time.time()
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):   # e.g. a hand-written ACK {"until": 1e300}
+        return "unix time %r" % (ts,)
 
 
 def parse_iso(text):
@@ -301,7 +304,9 @@ def profile_defaults(name):
     if not isinstance(prof, dict):
         return None, "profile %r is not in %s (known: %s)" % (name, index, ", ".join(sorted(data["profiles"])))
     defaults = prof.get("defaults")
-    return (defaults if isinstance(defaults, dict) else {}), None
+    if defaults is not None and not isinstance(defaults, dict):
+        return None, "profile %r in %s is malformed: its defaults are not an object" % (name, index)
+    return defaults or {}, None
 
 
 def verify_sync(run_dir):
@@ -683,8 +688,8 @@ def fnum(minimum=0.0):
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError("%r is not a number" % text)
-        if value < minimum or value != value:
-            raise argparse.ArgumentTypeError("%r must be >= %g" % (text, minimum))
+        if value != value or not minimum <= value < 1e9:   # nan, inf and absurd sizes overflow time APIs
+            raise argparse.ArgumentTypeError("%r must be >= %g and < 1e9" % (text, minimum))
         return value
     return conv
 
@@ -692,7 +697,8 @@ def fnum(minimum=0.0):
 def run_dir_arg(args):
     run_dir = os.path.abspath(args.run_dir)
     if not os.path.isdir(run_dir):
-        raise UsageError("run dir %s does not exist" % run_dir)
+        raise UsageError("run dir %s %s" % (run_dir, "is not a directory" if os.path.exists(run_dir)
+                                              else "does not exist"))
     return run_dir
 
 
@@ -891,8 +897,10 @@ def cmd_ack(args):
     else:
         minutes = args.postpone_minutes
         if minutes is None:
-            cfg = (read_json(os.path.join(run_dir, STATE_FILE)) or {}).get("config") or {}
-            minutes = cfg.get("grace_minutes", 15.0)
+            cfg = (read_json(os.path.join(run_dir, STATE_FILE)) or {}).get("config")
+            minutes = cfg.get("grace_minutes") if isinstance(cfg, dict) else None
+            if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not 0 <= minutes < 1e9:
+                minutes = 15.0   # deadman.json is damaged or from elsewhere: the documented default
         until = time.time() + minutes * 60
         doc = {"until": until, "at": iso()}
         msg = "postponed until %s (%g min)" % (iso(until), minutes)
@@ -920,10 +928,11 @@ def cmd_status(args):
         word, rc, line = "NONE", 1, "no dead-man was armed for this run dir: nothing will stop the meter"
     elif doc.get("state") == "armed" and pid_alive(doc.get("pid")):
         word, rc = "ARMED", 0
-        cfg = doc.get("config") or {}
+        cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
         line = "pid=%s since %s stall=%sm grace=%sm cap=%s stop=%s%s" % (
             doc.get("pid"), doc.get("armed_at"), cfg.get("stall_minutes"), cfg.get("grace_minutes"),
-            ("%gh" % cfg["max_hours"]) if cfg.get("max_hours") else "off",
+            ("%gh" % cfg["max_hours"]) if isinstance(cfg.get("max_hours"), (int, float)) and cfg["max_hours"]
+            else "off",
             json.dumps(cfg.get("stop_cmd") or cfg.get("fallback_stop_cmd")),
             " (dry run)" if cfg.get("dry_run") else "")
         if ack and isinstance(ack.get("until"), (int, float)) and ack["until"] > time.time():
@@ -932,7 +941,7 @@ def cmd_status(args):
         word, rc = "DEAD", 1
         line = "deadman.json says armed but pid %s is gone: nothing watches this run; re-arm it" % doc.get("pid")
     else:
-        word, rc = doc.get("state", "unknown").upper(), 1
+        word, rc = str(doc.get("state", "unknown")).upper(), 1
         line = "pid %s is not watching (state %s)" % (doc.get("pid"), doc.get("state"))
     out["status"] = word
     if args.json:
@@ -1000,7 +1009,7 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.cmd:
-        parser.print_help(sys.stderr)
+        sys.stderr.write("deadman.py: error: give a command: arm, ack or status (try --help)\n")
         return 2
     try:
         return {"arm": cmd_arm, "ack": cmd_ack, "status": cmd_status}[args.cmd](args)

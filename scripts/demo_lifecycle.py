@@ -192,9 +192,16 @@ class Demo:
                 subprocess.run(["tmux", "kill-session", "-t", f"rgt-{run_dir.name}"], capture_output=True)
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = Parser(description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--keep", action="store_true", help="leave the node and laptop folders to inspect")
     ap.add_argument("--json", action="store_true", help="print the final report as JSON")
     ap.add_argument("--workdir", type=Path, help="use this (empty or new) folder instead of a temporary one")
@@ -210,6 +217,13 @@ def main(argv=None) -> int:
     if shutil.which("bash") is None:
         print("error: bash is required", file=sys.stderr)
         return 2
+    if args.workdir:
+        there = os.path.abspath(args.workdir)
+        while not os.path.lexists(there):   # the part of the path that exists already
+            there = os.path.dirname(there)
+        if not os.path.isdir(there):
+            print(f"error: --workdir {args.workdir}: {there} is not a directory", file=sys.stderr)
+            return 2
     if args.workdir and args.workdir.exists() and any(args.workdir.iterdir()):
         print(f"error: --workdir {args.workdir} is not empty", file=sys.stderr)
         return 2

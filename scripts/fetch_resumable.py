@@ -60,11 +60,11 @@ def redact(url):
     """URL for logs: no credentials, no query string (signed URLs carry tokens there)."""
     try:
         parts = urllib.parse.urlsplit(url)
-    except ValueError:
+        host, port = parts.hostname or "", parts.port
+    except ValueError:   # a bad IPv6 literal, or a port that is not 0-65535
         return "<unparseable url>"
-    host = parts.hostname or ""
-    if parts.port:
-        host = "%s:%d" % (host, parts.port)
+    if port:
+        host = "%s:%d" % (host, port)
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "<redacted>" if parts.query else "", ""))
 
 
@@ -438,8 +438,8 @@ def positive(kind):
             val = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError("%r is not a number" % text)
-        if not val > 0:
-            raise argparse.ArgumentTypeError("%r must be > 0" % text)
+        if not 0 < val < 1e9:   # also nan and inf, which overflow sleep and socket timeouts
+            raise argparse.ArgumentTypeError("%r must be > 0 and < 1e9" % text)
         return val
     return conv
 
@@ -469,7 +469,11 @@ def build_parser():
 
 def validate(args):
     for url in [args.url] + args.fallback:
-        parts = urllib.parse.urlsplit(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port   # raises ValueError for a port outside 0-65535
+        except ValueError as exc:
+            raise UsageError("unusable URL %s: %s" % (redact(url), exc))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise UsageError("not an http(s) URL: %s" % redact(url))
     if args.sha256 is not None:
@@ -478,6 +482,8 @@ def validate(args):
             raise UsageError("--sha256 must be 64 hex digits")
     if args.auth_env and not os.environ.get(args.auth_env):
         raise UsageError("--auth-env %s: that environment variable is empty or unset" % args.auth_env)
+    if not args.out:
+        raise UsageError("--out is empty; give the file name")
     folder = os.path.dirname(os.path.abspath(args.out))
     try:
         os.makedirs(folder, exist_ok=True)

@@ -138,18 +138,37 @@ def install_one(src: Path, skills_dir: Path, link: bool, force: bool, dry_run: b
     return f"OK {'replaced' if exists else 'created'} {kind}: {dest}"
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
+def nonempty_path(text: str) -> Path:
+    if not text:   # Path("") would silently mean the current directory
+        raise argparse.ArgumentTypeError("empty path")
+    return Path(text)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = Parser(description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--agent", action="append", choices=sorted(AGENT_DIRS) + ["all"],
                     help="agent to install for (repeatable; default: claude and the shared ~/.agents folder)")
-    ap.add_argument("--target", action="append", type=Path, metavar="DIR",
+    ap.add_argument("--target", action="append", type=nonempty_path, metavar="DIR",
                     help="a skills folder to install into (repeatable); the skill lands in DIR/remote-gpu-trainer")
-    ap.add_argument("--project", type=Path, metavar="DIR", help="install under DIR instead of HOME")
+    ap.add_argument("--project", type=nonempty_path, metavar="DIR", help="install under DIR instead of HOME")
     ap.add_argument("--link", action="store_true", help="symlink to this checkout instead of copying")
     ap.add_argument("--force", action="store_true", help="replace a folder that is not an install of ours")
     ap.add_argument("--dry-run", action="store_true", help="print what would happen, change nothing")
     args = ap.parse_args(argv)
+    for folder in args.target or []:
+        there = os.path.abspath(folder)
+        while not os.path.lexists(there):   # the part of the path that exists already
+            there = os.path.dirname(there)
+        if not os.path.isdir(there):
+            ap.error(f"--target {folder}: {there} is not a directory")
 
     src = Path(__file__).resolve().parent.parent
     if frontmatter_name(src / "SKILL.md") != SKILL:

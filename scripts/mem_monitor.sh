@@ -49,7 +49,7 @@ while [ $# -gt 0 ]; do
         --interval) need_arg "$1" $#; is_num "$2" || die_usage "--interval must be a number of seconds"
             INTERVAL=$2; shift 2 ;;
         --count) need_arg "$1" $#; is_uint "$2" || die_usage "--count must be a whole number"; COUNT=$2; shift 2 ;;
-        --out) need_arg "$1" $#; OUT=$2; shift 2 ;;
+        --out) need_arg "$1" $#; [ -n "$2" ] || die_usage "--out needs a file name"; OUT=$2; shift 2 ;;
         --threshold) need_arg "$1" $#; is_num "$2" || die_usage "--threshold must be a percentage"
             THRESHOLD=$2; shift 2 ;;
         --pid) need_arg "$1" $#; is_uint "$2" || die_usage "--pid must be a process id"; PID_ARG=$2; shift 2 ;;
@@ -59,8 +59,14 @@ while [ $# -gt 0 ]; do
     esac
 done
 awk -v i="$INTERVAL" 'BEGIN { exit !(i > 0) }' || die_usage "--interval must be > 0"
+awk -v t="$THRESHOLD" 'BEGIN { exit !(t > 0 && t <= 100) }' || die_usage "--threshold must be a percentage in (0, 100]"
 if [ -n "$PID_ARG" ] && [ ! -r "/proc/$PID_ARG/cgroup" ]; then die_usage "no readable /proc/$PID_ARG/cgroup"; fi
+if [ -n "$PID_ARG" ] && [ -n "$CG_DIR" ]; then die_usage "--pid and --cgroup-dir both pick the cgroup; give one"; fi
 if [ -n "$CG_DIR" ] && [ ! -d "$CG_DIR" ]; then die_usage "--cgroup-dir $CG_DIR is not a directory"; fi
+if [ -n "$CG_DIR" ] && [ ! -e "$CG_DIR/memory.current" ] && [ ! -e "$CG_DIR/memory.usage_in_bytes" ]; then
+    die_usage "--cgroup-dir $CG_DIR has no memory.current or memory.usage_in_bytes: not a memory cgroup"
+fi
+if [ -n "$OUT" ] && [ -d "$OUT" ]; then die_usage "--out $OUT is a directory; give a file name"; fi
 if [ -n "$OUT" ]; then
     out_dir=$(dirname -- "$OUT")
     [ -d "$out_dir" ] && [ -w "$out_dir" ] || die_usage "--out directory $out_dir is missing or not writable"

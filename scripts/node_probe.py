@@ -119,9 +119,10 @@ def load_profile(name):
     if not isinstance(profiles, dict) or name not in profiles:
         known = ", ".join(sorted(profiles)) if isinstance(profiles, dict) else "none"
         raise UsageError("unknown profile %r in %s (known: %s)" % (name, path, known))
-    prof = profiles[name] if isinstance(profiles[name], dict) else {}
-    defaults = prof.get("defaults") if isinstance(prof.get("defaults"), dict) else {}
-    return path, defaults
+    prof = profiles[name]
+    if not isinstance(prof, dict) or not isinstance(prof.get("defaults", {}), (dict, type(None))):
+        raise UsageError("profile index %s is malformed: profile %r or its defaults is not an object" % (path, name))
+    return path, prof.get("defaults") or {}
 
 
 # ---------------------------------------------------------------------------- GPUs and torch
@@ -761,14 +762,15 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def non_negative(kind):
+def non_negative(kind, below=float("inf")):
     def conv(text):
         try:
             val = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError("%r is not a number" % text)
-        if val < 0 or val != val:
-            raise argparse.ArgumentTypeError("%r must be >= 0" % text)
+        if not 0 <= val < below:   # also refuses nan and inf
+            raise argparse.ArgumentTypeError("%r must be >= 0%s" % (text, "" if below == float("inf")
+                                                                      else " and < %g" % below))
         return val
     return conv
 
@@ -783,13 +785,13 @@ def build_parser():
     p.add_argument("--durable-dir", metavar="DIR", help="durable directory (default $DURABLE_DIR or profile)")
     p.add_argument("--path", action="append", default=[], metavar="DIR", help="extra path to measure (repeatable)")
     p.add_argument("--torch", action="store_true", help="import torch in a subprocess to read its CUDA view")
-    p.add_argument("--torch-timeout", type=non_negative(float), default=60.0, metavar="S")
-    p.add_argument("--gpu-timeout", type=non_negative(float), default=8.0, metavar="S",
+    p.add_argument("--torch-timeout", type=non_negative(float, 1e9), default=60.0, metavar="S")
+    p.add_argument("--gpu-timeout", type=non_negative(float, 1e9), default=8.0, metavar="S",
                    help="timeout for each nvidia-smi call (default 8)")
     p.add_argument("--network", action="store_true", help="check reachability of the default targets")
     p.add_argument("--network-target", action="append", default=[], metavar="HOST[:PORT]",
                    help="target to check instead of the defaults (repeatable; implies --network)")
-    p.add_argument("--network-timeout", type=non_negative(float), default=4.0, metavar="S")
+    p.add_argument("--network-timeout", type=non_negative(float, 1e9), default=4.0, metavar="S")
     p.add_argument("--min-free-gb", type=non_negative(float), metavar="N",
                    help="gate: GiB free required on the data and durable dirs")
     p.add_argument("--min-free-inodes", type=non_negative(int), metavar="N",
@@ -804,6 +806,8 @@ def build_parser():
 def resolve_dirs(args):
     sources = {}
     defaults = {}
+    if args.profile == "":
+        raise UsageError("--profile is empty")
     if args.profile:
         _, defaults = load_profile(args.profile)
     out = {}
@@ -816,6 +820,10 @@ def resolve_dirs(args):
             out[role], sources[role] = str(defaults[env_key]), "profile"
         else:
             out[role], sources[role] = None, None
+        if out[role]:
+            there = nearest_existing(os.path.expanduser(out[role]))
+            if not os.path.isdir(there):
+                raise UsageError("%s dir %s (from %s): %s is not a directory" % (role, out[role], sources[role], there))
     return out, sources, defaults
 
 

@@ -142,7 +142,12 @@ def join_root(root: str, name: str) -> str:
 
 
 def rsh_argv(rsh) -> list:
-    argv = shlex.split(rsh) if rsh else ["ssh"]
+    if rsh is None:
+        return ["ssh"]
+    try:
+        argv = shlex.split(rsh)
+    except ValueError as exc:
+        raise UsageError(f"--rsh {rsh!r} cannot be split into arguments: {exc}")
     if not argv:
         raise UsageError("--rsh is empty")
     return argv
@@ -612,8 +617,15 @@ def check_existing(final: str, raw_sha: str, manifest: dict):
 
 # ---------------------------------------------------------------- main
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="rsync a run's results into staging, verify against the node's manifest, promote atomically.",
         epilog="Exit: 0 ok/already, 1 check failed (staging kept), 2 usage, 3 refused to overwrite, "
                "130 interrupted. Details: module docstring.")
@@ -653,6 +665,11 @@ def main(argv=None) -> int:
     summary = {"ok": False, "status": "failed", "source": args.source, "problems": []}
     try:
         host, root = parse_source(args.source)
+        if host is None and not os.path.isdir(os.path.expanduser(root)):
+            raise UsageError(f"--source {root} is not a directory"
+                             + ("" if os.path.exists(os.path.expanduser(root)) else " (it does not exist)"))
+        if not args.manifest:
+            raise UsageError("--manifest is empty")
         rsync = shutil.which("rsync")
         if not rsync:
             raise UsageError("rsync is not installed here (apt-get install rsync / brew install rsync)")

@@ -48,13 +48,14 @@ while [ $# -gt 0 ]; do
         --kill) KILL=1; shift ;;
         --grace) need_uint "$1" $# "${2:-}"; GRACE=$2; shift 2 ;;
         --min-age) need_uint "$1" $# "${2:-}"; MIN_AGE=$2; shift 2 ;;
-        --pids-from) [ $# -ge 2 ] || die_usage "--pids-from needs a file"; PIDS_FROM=$2; shift 2 ;;
+        --pids-from) [ $# -ge 2 ] && [ -n "$2" ] || die_usage "--pids-from needs a file"; PIDS_FROM=$2; shift 2 ;;
         --reaper) [ $# -ge 2 ] && [[ "$2" =~ ^[A-Za-z0-9._-]+$ ]] || die_usage "--reaper needs a process name"
             REAPERS="$REAPERS$2 "; shift 2 ;;
         *) die_usage "unknown argument: $1" ;;
     esac
 done
 if [ -n "$PIDS_FROM" ] && [ ! -r "$PIDS_FROM" ]; then die_usage "--pids-from $PIDS_FROM is not readable"; fi
+if [ -n "$PIDS_FROM" ] && [ -d "$PIDS_FROM" ]; then die_usage "--pids-from $PIDS_FROM is a directory, not a file"; fi
 
 CLK_TCK=$(getconf CLK_TCK 2>/dev/null) || CLK_TCK=100
 is_uint "$CLK_TCK" || CLK_TCK=100

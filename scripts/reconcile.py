@@ -197,9 +197,16 @@ def fmt(r):
     return f"{r['status']} {r['where']}: claims {r['claimed']}, {r['binding']} is {r['source']:.6g}{rel}"
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = Parser(description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("documents", nargs="+", type=Path, help="Markdown, LaTeX or CSV documents to check")
     ap.add_argument("--base", type=Path, help="resolve binding paths from here instead of each document's folder")
     ap.add_argument("--abs-tol", type=float, help="absolute tolerance (default: half the document's last digit)")
@@ -207,6 +214,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print results as JSON")
     ap.add_argument("--quiet", action="store_true", help="print only drift and broken bindings")
     args = ap.parse_args(argv)
+    for flag, value in (("--abs-tol", args.abs_tol), ("--rel-tol", args.rel_tol)):
+        if value is not None and not 0 <= value < math.inf:   # also nan
+            ap.error(f"{flag} must be a finite number >= 0, got {value}")
+    if args.base is not None and not args.base.is_dir():
+        ap.error(f"--base {args.base} is not a directory")
 
     results = []
     for doc in args.documents:

@@ -177,13 +177,22 @@ def do_sync(run_dir):
 def main(argv):
     op = argv[0]
     if op == "profile":  # INDEX NAME -> KEY\0VALUE\0 pairs of its defaults
-        data = load(argv[1])
-        prof = (data.get("profiles") or {}).get(argv[2])
-        if not isinstance(prof, dict):
-            sys.stderr.write("run_one.sh: error: profile %r is not in %s (known: %s)\n"
-                             % (argv[2], argv[1], ", ".join(sorted(data.get("profiles") or {})) or "none"))
+        profiles = load(argv[1]).get("profiles")
+        if not isinstance(profiles, dict):
+            sys.stderr.write("run_one.sh: error: %s is not a readable profile index (no \"profiles\" object)\n"
+                             % argv[1])
             return 2
-        for key, value in sorted((prof.get("defaults") or {}).items()):
+        if argv[2] not in profiles:
+            sys.stderr.write("run_one.sh: error: profile %r is not in %s (known: %s)\n"
+                             % (argv[2], argv[1], ", ".join(sorted(profiles)) or "none"))
+            return 2
+        prof = profiles[argv[2]]
+        defaults = (prof.get("defaults") or {}) if isinstance(prof, dict) else None
+        if not isinstance(defaults, dict):
+            sys.stderr.write("run_one.sh: error: profile %r in %s is malformed (its defaults are not an object)\n"
+                             % (argv[2], argv[1]))
+            return 2
+        for key, value in sorted(defaults.items()):
             if value is None or isinstance(value, (dict, list)):
                 continue
             value = ("true" if value else "false") if isinstance(value, bool) else str(value)
@@ -375,6 +384,10 @@ for pair in "--disk-floor-gb=$FLOOR_ARG" "--stall-minutes=$STALL" "--grace-minut
   value=${pair#*=}
   [ -z "$value" ] || is_num "$value" || die "${pair%%=*} wants a non-negative number, got '$value'"
 done
+if [ -n "$POLL" ] && ! [[ "$POLL" =~ [1-9] ]]; then die "--poll-seconds must be > 0, got '$POLL'"; fi
+if [ "$NO_DM" = 1 ] && [ "$DM_DRY$STALL$GRACE$MAXH${#DM_EXTRA[@]}" != 00 ]; then
+  die "--no-deadman conflicts with --deadman-dry-run, --deadman-arg, --stall-minutes, --grace-minutes and --max-hours"
+fi
 if [ -n "$RUN_ID" ] && ! [[ "$RUN_ID" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$ ]]; then
   die "--run-id may hold letters, digits, '.', '_' and '-' (max 100), got '$RUN_ID'"
 fi
@@ -445,6 +458,9 @@ if [ "${#OUTPUTS[@]}" -gt 0 ]; then
 fi
 case "$RUN_DIR" in /*) ;; *) RUN_DIR="$PWD/$RUN_DIR" ;; esac
 case "$RESULTS_DIR" in ""|/*) ;; *) RESULTS_DIR="$PWD/$RESULTS_DIR" ;; esac
+there=$RUN_DIR   # a file where the run dir must go is bad input, not a launch failure
+while [ ! -e "$there" ] && [ ! -L "$there" ]; do there=$(dirname "$there"); done
+[ -d "$there" ] || die "cannot use run dir $RUN_DIR: $there is not a directory"
 
 # ---------------------------------------------------------------------------------- disk gate
 FLOOR=${FLOOR_ARG:-${DISK_FLOOR_GB:-10}}
@@ -460,7 +476,7 @@ if ! pyh disk "$FLOOR" "$INODE_FLOOR" "${gate_paths[@]}"; then
 fi
 
 # ---------------------------------------------------------------------------------- run dir + lock
-mkdir -p "$RUN_DIR" || die "cannot create run dir $RUN_DIR" 1
+mkdir_err=$(mkdir -p "$RUN_DIR" 2>&1) || die "cannot create run dir $RUN_DIR: ${mkdir_err##*: }" 1
 RUN_DIR=$(cd "$RUN_DIR" && pwd)
 LOCK="$RUN_DIR/run.lock"
 LOCK_MINE=0

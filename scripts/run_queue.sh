@@ -55,6 +55,7 @@ set -uo pipefail
 PROG=run_queue
 QUEUE_FILE=""
 QUEUE_DIR=""
+QUEUE_DIR_SET=0
 FLOOR_GB="${DISK_FLOOR_GB:-1}"
 INODE_FLOOR=1000
 STOP_ON_FAIL=0
@@ -77,8 +78,8 @@ is_number() {
 while [ "$#" -gt 0 ]; do
     case "$1" in
         -h|--help) usage; exit 0 ;;
-        --queue-dir) [ "$#" -ge 2 ] || die "--queue-dir needs a value"; QUEUE_DIR="$2"; shift 2 ;;
-        --queue-dir=*) QUEUE_DIR="${1#*=}"; shift ;;
+        --queue-dir) [ "$#" -ge 2 ] || die "--queue-dir needs a value"; QUEUE_DIR="$2"; QUEUE_DIR_SET=1; shift 2 ;;
+        --queue-dir=*) QUEUE_DIR="${1#*=}"; QUEUE_DIR_SET=1; shift ;;
         --disk-floor-gb) [ "$#" -ge 2 ] || die "--disk-floor-gb needs a value"; FLOOR_GB="$2"; shift 2 ;;
         --disk-floor-gb=*) FLOOR_GB="${1#*=}"; shift ;;
         --inode-floor) [ "$#" -ge 2 ] || die "--inode-floor needs a value"; INODE_FLOOR="$2"; shift 2 ;;
@@ -98,6 +99,7 @@ fi
 [ -n "$QUEUE_FILE" ] || die "usage: run_queue.sh [options] QUEUE_FILE (see --help)"
 [ -f "$QUEUE_FILE" ] && [ -r "$QUEUE_FILE" ] || die "queue file not found or unreadable: $QUEUE_FILE"
 is_number "$FLOOR_GB" || die "--disk-floor-gb must be a number of GB, got '$FLOOR_GB'"
+if [ "$QUEUE_DIR_SET" -eq 1 ] && [ -z "$QUEUE_DIR" ]; then die "--queue-dir is empty"; fi
 [[ "$INODE_FLOOR" =~ ^[0-9]+$ ]] || die "--inode-floor must be a whole number, got '$INODE_FLOOR'"
 if [ -z "$QUEUE_DIR" ]; then
     base="${QUEUE_FILE%.*}"
@@ -213,7 +215,7 @@ fi
 
 # ---------------------------------------------------------------- lock and state
 
-mkdir -p "$QUEUE_DIR/cells" || die "cannot create $QUEUE_DIR"
+mkdir_err=$(mkdir -p "$QUEUE_DIR/cells" 2>&1) || die "cannot create $QUEUE_DIR: ${mkdir_err##*: }"
 QUEUE_DIR=$(cd "$QUEUE_DIR" && pwd)
 LOCK="$QUEUE_DIR/queue.lock"
 if ! mkdir "$LOCK" 2>/dev/null; then
@@ -394,7 +396,8 @@ for i in "${!IDS[@]}"; do
     fi
 
     attempts=$(get "$cdir/attempts")
-    put "$cdir/attempts" "$(( ${attempts:-0} + 1 ))"
+    [[ "$attempts" =~ ^[0-9]{1,9}$ ]] || attempts=0   # a damaged count must not stop the pass
+    put "$cdir/attempts" "$(( 10#$attempts + 1 ))"
     rm -f "$cdir/exit_code" "$cdir/ended" "$cdir/reason"
     put "$cdir/started" "$(now)"
     printf '=== %s start cell %s (line %s): %s\n' "$(date -u +%FT%TZ)" "$id" "${LINES[$i]}" "$cmd" >>"$cdir/log"

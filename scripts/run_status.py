@@ -37,6 +37,7 @@ Exit codes:
 import argparse
 import datetime
 import json
+import math
 import os
 import shutil
 import socket
@@ -69,7 +70,10 @@ def read_json(path, required=False):
     for attempt in (0, 1):
         try:
             with open(path, "r", encoding="utf-8") as fh:
-                return json.load(fh)
+                doc = json.load(fh)
+            if not isinstance(doc, dict):
+                raise UsageError("%s does not hold a JSON object" % path)
+            return doc
         except FileNotFoundError:
             if required:
                 raise UsageError("%s is missing" % path)
@@ -115,9 +119,10 @@ def iso_now():
 
 
 def num(value):
+    """A finite int/float from JSON, else None (JSON also admits NaN and Infinity)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and math.isfinite(value):
         return value
     return None
 
@@ -276,7 +281,7 @@ def one_line(r):
 
 def classify(run_dir, stall_minutes, want_gpu=True, gpu_timeout=3.0, prev=None):
     if not os.path.isdir(run_dir):
-        raise UsageError("no such run dir: %s" % run_dir)
+        raise UsageError(("not a directory: %s" if os.path.exists(run_dir) else "no such run dir: %s") % run_dir)
     now = time.time()
     p = lambda name: os.path.join(run_dir, name)   # noqa: E731
     run = read_json(p("run.json"))
@@ -404,26 +409,37 @@ def classify(run_dir, stall_minutes, want_gpu=True, gpu_timeout=3.0, prev=None):
     return r
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write("%s: error: %s (try --help)\n" % (self.prog, message))
+        sys.exit(2)
+
+
+def positive_number(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number" % text)
+    if not 0 < value < 1e9:   # also refuses nan and inf (time.sleep overflows near 1e10)
+        raise argparse.ArgumentTypeError("%r must be > 0 and < 1e9" % text)
+    return value
+
+
 def parse_args(argv):
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         description="Classify a run dir: starting/running/stalled/succeeded/failed/sync_failed/deadman_fired. "
                     "Exit 0 succeeded, 1 failed, 2 usage, 4 running, 5 starting, 6 stalled, 7 dead-man fired.")
     ap.add_argument("run_dir", help="the run directory (made by run_one.sh)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (JSON lines with --watch)")
-    ap.add_argument("--stall-minutes", type=float, default=30.0,
+    ap.add_argument("--stall-minutes", type=positive_number, default=30.0,
                     help="a live job quiet for longer than this is STALLED (default 30; floats allowed)")
-    ap.add_argument("--watch", type=float, metavar="SECONDS",
+    ap.add_argument("--watch", type=positive_number, metavar="SECONDS",
                     help="repeat every SECONDS until the run succeeds, fails, or the dead-man fires")
-    ap.add_argument("--gpu-timeout", type=float, default=3.0, help="seconds to wait for nvidia-smi (default 3)")
+    ap.add_argument("--gpu-timeout", type=positive_number, default=3.0,
+                    help="seconds to wait for nvidia-smi (default 3)")
     ap.add_argument("--no-gpu", action="store_true", help="do not call nvidia-smi")
-    args = ap.parse_args(argv)
-    if args.stall_minutes <= 0:
-        ap.error("--stall-minutes must be > 0")
-    if args.watch is not None and args.watch <= 0:
-        ap.error("--watch must be > 0 seconds")
-    if args.gpu_timeout <= 0:
-        ap.error("--gpu-timeout must be > 0")
-    return args
+    return ap.parse_args(argv)
 
 
 def emit(r, as_json):

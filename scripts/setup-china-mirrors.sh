@@ -156,6 +156,17 @@ _rgt_cm_main() {
                 fi ;;
         esac
     done
+    case "${RGT_PIP_MIRROR:-tuna}" in
+        tuna | aliyun | ustc) ;;
+        *)
+            echo "setup-china-mirrors: error: RGT_PIP_MIRROR must be tuna, aliyun or ustc, got '$RGT_PIP_MIRROR'" >&2
+            return 2 ;;
+    esac
+    if [ "$check" -eq 1 ] && ! [[ "${RGT_CHECK_TIMEOUT:-6}" =~ ^[0-9]+([.][0-9]+)?$ && "${RGT_CHECK_TIMEOUT:-6}" =~ [1-9] ]]
+    then
+        echo "setup-china-mirrors: error: RGT_CHECK_TIMEOUT must be a number of seconds > 0" >&2
+        return 2
+    fi
     if [ "$mode" = executed ] && [ "$check" -eq 0 ]; then
         echo "setup-china-mirrors: error: source this file so the exports reach your shell:" \
             ". ${0} (or run it with --check to test reachability only)" >&2

@@ -27,7 +27,8 @@ Usage:
   python3 teardown_gate.py --pulled ./pulled/run-42 --source gpu-box:/workspace/durable/results/run-42 \\
       --profile runpod --load-check "python3 check_ckpt.py {}"
 
-Profile index: $RGT_PROFILE_INDEX, else <script dir>/../profiles/index.json, else <script dir>/index.json.
+Profile index: $RGT_PROFILE_INDEX (when set, that file or none), else <script dir>/../profiles/index.json,
+else <script dir>/index.json.
 
 Exit codes:
   0  pass: safe to stop the meter (do it yourself, with the user's go-ahead)
@@ -58,8 +59,10 @@ class UsageError(Exception):
 
 
 def index_path():
-    candidates = [os.environ.get("RGT_PROFILE_INDEX"), os.path.join(HERE, "..", "profiles", "index.json"),
-                  os.path.join(HERE, "index.json")]
+    chosen = os.environ.get("RGT_PROFILE_INDEX")
+    if chosen:   # set on purpose: never fall back to another index with other facts
+        return os.path.abspath(chosen) if os.path.isfile(chosen) else None
+    candidates = [os.path.join(HERE, "..", "profiles", "index.json"), os.path.join(HERE, "index.json")]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate):
             return os.path.abspath(candidate)
@@ -70,14 +73,20 @@ def load_profile(name: str):
     """(profile dict, index path) or raise UsageError for an unknown name; (None, reason) when no index."""
     path = index_path()
     if path is None:
+        if os.environ.get("RGT_PROFILE_INDEX"):
+            return None, f"RGT_PROFILE_INDEX={os.environ['RGT_PROFILE_INDEX']} is not a file"
         return None, "profiles/index.json not found (set RGT_PROFILE_INDEX or run scripts/build_profile_index.py)"
     try:
         with open(path, encoding="utf-8") as handle:
             profiles = json.load(handle)["profiles"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"cannot read profile index {path}: {exc}"
+    if not isinstance(profiles, dict):
+        return None, f"profile index {path} is malformed: 'profiles' is not an object"
     if name not in profiles:
         raise UsageError(f"unknown --profile {name!r}; known: {', '.join(sorted(profiles))}")
+    if not isinstance(profiles[name], dict):
+        return None, f"profile index {path} is malformed: the entry for {name!r} is not an object"
     return profiles[name], path
 
 
@@ -92,7 +101,8 @@ def meter_lines(name: str, profile: dict) -> list:
     else:
         lines.append("  pause instead: none on this platform")
         lines.append(f"  still billing: {billing.get('keeps_billing_when_paused')}")
-    survivors = [tier.get("tier") for tier in profile.get("storage") or [] if tier.get("survives_destroy")]
+    tiers = profile.get("storage") if isinstance(profile.get("storage"), list) else []
+    survivors = [tier.get("tier") for tier in tiers if isinstance(tier, dict) and tier.get("survives_destroy")]
     if survivors:
         lines.append(f"  survives the meter stop (storage that survives can keep billing): "
                      f"{', '.join(map(str, survivors))}")
@@ -198,8 +208,15 @@ def run_load_checks(pulled_dir: str, manifest: dict, templates, globs, timeout: 
     return reasons, results
 
 
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr (exit 2), not the whole usage block."""
+    def error(self, message):
+        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
+        sys.exit(2)
+
+
 def parse_args(argv):
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Pass only when the pulled run matches the node's current manifest and re-verifies. "
                     "Never tears down.",
         epilog="Exit: 0 pass (prints the meter-stop action), 2 usage, 3 refused with every reason.")
@@ -241,6 +258,14 @@ def main(argv=None) -> int:
             bpm.check_pattern(pattern)
         if args.jobs < 1:
             raise UsageError("--jobs must be at least 1")
+        if not 0 < args.load_timeout < 1e9:   # also nan and inf
+            raise UsageError("--load-timeout must be > 0 and < 1e9 seconds")
+        pulled = os.path.expanduser(args.pulled)
+        if not os.path.isdir(pulled):
+            raise UsageError(f"--pulled {args.pulled} is not a directory"
+                             + ("" if os.path.exists(pulled) else " (it does not exist)"))
+        if args.manifest is not None and not os.path.isfile(os.path.expanduser(args.manifest)):
+            raise UsageError(f"--manifest {args.manifest} is not a file")
         profile, index_info = load_profile(args.profile)
     except (UsageError, pv.UsageError, bpm.UsageError, ValueError) as exc:
         print(f"teardown_gate: {exc}", file=sys.stderr)
@@ -311,7 +336,7 @@ def main(argv=None) -> int:
 
     if profile is None:
         reasons.append(pv.problem("profile", args.profile, index_info))
-    elif not (profile.get("billing") or {}).get("meter_stop_action"):
+    elif not isinstance(profile.get("billing"), dict) or not profile["billing"].get("meter_stop_action"):
         reasons.append(pv.problem("profile", args.profile, "profile has no billing.meter_stop_action"))
 
     never = "NOT TORN DOWN: this gate did NOT stop, delete or release anything."

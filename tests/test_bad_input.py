@@ -1,0 +1,310 @@
+"""Bad input to every script: one clear line and exit 2 for usage errors, never a traceback, never a silent
+success, never lost data.
+
+One table, one row per (script, bad input). Each row names the script, its arguments (``{key}`` is filled
+from the paths the row's setup made), the expected exit code and a fragment the output must carry. A row
+with exit code 2 is a usage error: its fragment is looked for on stderr, which must be exactly one line.
+Other rows (a damaged state file the script must survive) look for the fragment on stdout or stderr.
+Every row checks that no Python traceback reached stderr.
+
+Nothing here needs the network, a GPU or a long run: each script refuses before doing real work.
+"""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PY = sys.executable
+# Variables a developer's shell may carry that would change what the scripts read.
+SCRUB = ("DATA_DIR", "DURABLE_DIR", "HF_HOME", "RGT_PROFILE", "RGT_PROFILE_INDEX", "RGT_HEARTBEAT", "RGT_RUN_ID",
+         "RGT_RUN_DIR", "RGT_PIP_MIRROR", "RGT_CHECK_TIMEOUT", "PIP_INDEX_URL", "HF_ENDPOINT", "DISK_FLOOR_GB",
+         "http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
+
+
+def put(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+# ---------------------------------------------------------------- setups (tmp -> extra keys, optional "env")
+
+def run_dir_with(**files):
+    """A run dir holding the given state files (name -> JSON-able object, raw str or bytes)."""
+    def setup(tmp):
+        run = tmp / "run"
+        run.mkdir()
+        for name, data in files.items():
+            put(run / name.replace("__", "."), data)
+        return {"rd": run}
+    return setup
+
+
+def live_run_dir_with(**files):
+    """Like run_dir_with, with this test process's pid as the 'live' job or dead-man pid."""
+    def setup(tmp):
+        own = {k: json.loads(json.dumps(v).replace('"@pid"', str(os.getpid()))) if not isinstance(v, (str, bytes))
+               else v for k, v in files.items()}
+        return run_dir_with(**own)(tmp)
+    return setup
+
+
+def profile_index(profiles):
+    """RGT_PROFILE_INDEX pointing at an index whose "profiles" member is the given (malformed) value."""
+    def setup(tmp):
+        index = put(tmp / "idx" / "index.json", {"generated_by": "test", "schema_version": 1, "profiles": profiles})
+        return {"index": index, "env": {"RGT_PROFILE_INDEX": str(index)}}
+    return setup
+
+
+def with_env(**env):
+    def setup(tmp):
+        return {"env": dict(env)}
+    return setup
+
+
+def both(*setups):
+    def setup(tmp):
+        out = {"env": {}}
+        for one in setups:
+            got = one(tmp)
+            out["env"].update(got.pop("env", {}))
+            out.update(got)
+        return out
+    return setup
+
+
+def unverified_pull(tmp):
+    pulled = tmp / "pulled" / "r1"
+    pulled.mkdir(parents=True)
+    return {"pulled": pulled, "manifest": put(tmp / "node" / "PULL_MANIFEST.json", "{}")}
+
+
+def queue_with_damaged_attempts(tmp):
+    """A queue whose only cell has an unreadable attempt counter, as a crash or a hand edit leaves it."""
+    queue = put(tmp / "q.txt", "true\n")
+    cell = "L001-" + hashlib.sha256(b"true").hexdigest()[:8]
+    put(tmp / "q.queue" / "cells" / cell / "status", "failed\n")
+    put(tmp / "q.queue" / "cells" / cell / "attempts", "x y\n")
+    return {"queue": queue}
+
+
+def non_utf8_result(tmp):
+    res = tmp / "res"
+    res.mkdir()
+    (res / os.fsdecode(b"model-\xff.bin")).write_bytes(b"weights")
+    return {"res": res}
+
+
+def nothing(tmp):
+    return {}
+
+
+MALFORMED_PROFILES = {"bad-entry": "not an object", "bad-defaults": {"defaults": "nope", "billing": "b"}}
+
+# ---------------------------------------------------------------- the table
+
+TR = "examples/train_resumable.py"
+CASES = [
+    # script, args, setup, exit code, fragment
+    # run_status.py
+    ("scripts/run_status.py", [], nothing, 2, "required: run_dir"),
+    ("scripts/run_status.py", ["{file}"], nothing, 2, "not a directory"),
+    ("scripts/run_status.py", ["{tmp}/bad\udcffname " + "x" * 300], nothing, 2, "no such run dir"),
+    ("scripts/run_status.py", ["{rd}", "--no-gpu"], run_dir_with(status__json=b"\xff\xfe{"), 2, "not valid JSON"),
+    ("scripts/run_status.py", ["{tmp}", "--stall-minutes", "nan"], nothing, 2, "--stall-minutes"),
+    ("scripts/run_status.py", ["{tmp}", "--watch", "inf", "--no-gpu"], nothing, 2, "--watch"),
+    ("scripts/run_status.py", ["{rd}", "--no-gpu"], run_dir_with(status__json=[], run__json={"run_id": "r"}),
+     2, "does not hold a JSON object"),
+    ("scripts/run_status.py", ["{rd}", "--no-gpu"],
+     live_run_dir_with(status__json={"state": "running", "job_pid": "@pid"},
+                       heartbeat__json='{"step": 5, "total_steps": 10, "sec_per_step": Infinity, "time": NaN}'),
+     4, "RUNNING"),
+    # deadman.py
+    ("scripts/deadman.py", [], nothing, 2, "give a command"),
+    ("scripts/deadman.py", ["arm", "--run-dir", "{file}"], nothing, 2, "is not a directory"),
+    ("scripts/deadman.py", ["ack", "--run-dir", "{rd}", "--postpone-minutes", "inf"], run_dir_with(), 2,
+     "--postpone-minutes"),
+    ("scripts/deadman.py", ["arm", "--run-dir", "{rd}", "--poll-seconds", "inf", "--foreground", "--dry-run"],
+     run_dir_with(), 2, "--poll-seconds"),
+    ("scripts/deadman.py", ["arm", "--run-dir", "{rd}", "--profile", "bad-defaults", "--foreground", "--dry-run",
+                            "--grace-minutes", "0", "--poll-seconds", "0.05"],
+     both(run_dir_with(), profile_index(MALFORMED_PROFILES)), 2, "malformed"),
+    ("scripts/deadman.py", ["ack", "--run-dir", "{rd}"], run_dir_with(deadman__json={"state": "x", "config": "x"}),
+     0, "ACK postponed"),
+    ("scripts/deadman.py", ["status", "--run-dir", "{rd}"],
+     live_run_dir_with(deadman__json={"state": "armed", "pid": "@pid", "config": "damaged"},
+                       ACK={"until": 1e300}), 0, "ARMED"),
+    # train_resumable.py
+    (TR, [], nothing, 2, "required: --ckpt-dir, --steps"),
+    (TR, ["--ckpt-dir", "{tmp}/ck", "--steps", "2", "--step-seconds", "nan", "--backend", "pure"], nothing, 2,
+     "--step-seconds"),
+    (TR, ["--ckpt-dir", "{tmp}/ck", "--steps", "2", "--lr", "nan", "--backend", "pure"], nothing, 2, "--lr"),
+    (TR, ["--ckpt-dir", "{file}", "--steps", "2", "--backend", "pure"], nothing, 2, "is not a directory"),
+    (TR, ["--ckpt-dir", "{tmp}/ck", "--steps", "2", "--heartbeat", "{missing}/hb.json", "--backend", "pure"],
+     nothing, 2, "heartbeat file"),
+    # build_pull_manifest.py
+    ("scripts/build_pull_manifest.py", [], nothing, 2, "required: --root, --roster"),
+    ("scripts/build_pull_manifest.py", ["--root", "{file}", "--roster", "x"], nothing, 2, "is not a directory"),
+    ("scripts/build_pull_manifest.py", ["--root", "{tmp}", "--roster", "file.txt", "--out", "{dir}"], nothing, 2,
+     "is a directory"),
+    ("scripts/build_pull_manifest.py", ["--root", "{tmp}", "--roster", "file.txt", "--out", ""], nothing, 2,
+     "--out is empty"),
+    ("scripts/build_pull_manifest.py", ["--root", "{res}", "--roster", "**", "--out", "-"], non_utf8_result, 1,
+     "not valid UTF-8"),
+    # pull_verified.py
+    ("scripts/pull_verified.py", [], nothing, 2, "required: --source, --dest"),
+    ("scripts/pull_verified.py", ["--source", "{missing}", "--dest", "{tmp}/dest"], nothing, 2, "not a directory"),
+    ("scripts/pull_verified.py", ["--source", "{dir}", "--dest", "{tmp}/dest", "--rsh", "ssh -o 'unbalanced"],
+     nothing, 2, "--rsh"),
+    ("scripts/pull_verified.py", ["--source", "{dir}", "--dest", "{tmp}/dest", "--rsh", ""], nothing, 2,
+     "--rsh is empty"),
+    ("scripts/pull_verified.py", ["--source", "{dir}", "--dest", "{file}"], nothing, 2, "not a directory"),
+    # teardown_gate.py
+    ("scripts/teardown_gate.py", [], nothing, 2, "required: --pulled, --profile"),
+    ("scripts/teardown_gate.py", ["--pulled", "{missing}", "--manifest", "{file}", "--profile", "local"], nothing,
+     2, "--pulled"),
+    ("scripts/teardown_gate.py", ["--pulled", "{pulled}", "--manifest", "{manifest}", "--profile", "local",
+                                  "--load-timeout", "nan"], unverified_pull, 2, "--load-timeout"),
+    ("scripts/teardown_gate.py", ["--pulled", "{pulled}", "--manifest", "{manifest}", "--profile", "bad-entry"],
+     both(unverified_pull, profile_index(MALFORMED_PROFILES)), 3, "malformed"),
+    ("scripts/teardown_gate.py", ["--pulled", "{pulled}", "--manifest", "{manifest}", "--profile", "local"],
+     both(unverified_pull, profile_index("runpod")), 3, "malformed"),
+    ("scripts/teardown_gate.py", ["--pulled", "{pulled}", "--manifest", "{manifest}", "--profile", "local"],
+     both(unverified_pull, lambda tmp: {"env": {"RGT_PROFILE_INDEX": str(tmp / "no-index.json")}}), 3,
+     "is not a file"),
+    # node_probe.py
+    ("scripts/node_probe.py", ["--gpu-timeout", "inf"], nothing, 2, "--gpu-timeout"),
+    ("scripts/node_probe.py", ["--profile", "", "--gpu-timeout", "1"], nothing, 2, "--profile is empty"),
+    ("scripts/node_probe.py", ["--data-dir", "{file}", "--min-free-gb", "1", "--gpu-timeout", "1"], nothing, 2,
+     "is not a directory"),
+    ("scripts/node_probe.py", ["--profile", "bad-entry", "--gpu-timeout", "1"], profile_index(MALFORMED_PROFILES),
+     2, "malformed"),
+    ("scripts/node_probe.py", ["--min-free-gb", "-1"], nothing, 2, "--min-free-gb"),
+    # fetch_resumable.py
+    ("scripts/fetch_resumable.py", ["http://127.0.0.1:99999/x", "--out", "{tmp}/o"], nothing, 2, "Port out of range"),
+    ("scripts/fetch_resumable.py", ["http://[::1/x", "--out", "{tmp}/o"], nothing, 2, "Invalid IPv6 URL"),
+    ("scripts/fetch_resumable.py", ["http://127.0.0.1:9/x", "--out", "{tmp}/o", "--retries", "1",
+                                    "--connect-timeout", "inf"], nothing, 2, "--connect-timeout"),
+    ("scripts/fetch_resumable.py", ["http://127.0.0.1:9/x", "--out", "", "--retries", "1"], nothing, 2,
+     "--out is empty"),
+    ("scripts/fetch_resumable.py", ["ftp://gpu-box/x", "--out", "{tmp}/o"], nothing, 2, "not an http(s) URL"),
+    # reconcile.py
+    ("scripts/reconcile.py", [], nothing, 2, "required: documents"),
+    ("scripts/reconcile.py", ["{file}", "--abs-tol", "nan"], nothing, 2, "--abs-tol"),
+    ("scripts/reconcile.py", ["{file}", "--base", "{missing}"], nothing, 2, "--base"),
+    ("scripts/reconcile.py", ["{missing}"], nothing, 2, "document not found"),
+    ("scripts/reconcile.py", ["{doc}"], lambda tmp: {"doc": put(tmp / "doc.md", b"acc \xff 76.1\n")}, 2, "cannot read"),
+    # install_skill.py (HOME is the test's own folder)
+    ("scripts/install_skill.py", ["--target", ""], nothing, 2, "empty path"),
+    ("scripts/install_skill.py", ["--target", "{file}"], nothing, 2, "is not a directory"),
+    ("scripts/install_skill.py", ["--link", "--target", "{file}/skills"], nothing, 2, "is not a directory"),
+    ("scripts/install_skill.py", ["--agent", "notepad"], nothing, 2, "invalid choice"),
+    # build_profile_index.py
+    ("scripts/build_profile_index.py", ["--bogus"], nothing, 2, "unrecognized arguments"),
+    ("scripts/build_profile_index.py", ["--root", "", "--check"], nothing, 2, "empty path"),
+    ("scripts/build_profile_index.py", ["--root", "{file}", "--check"], nothing, 2, "is not a directory"),
+    # bench_manifest.py (tiny sizes: the refusal must come before any data is written)
+    ("scripts/bench_manifest.py", ["--dir", "{file}", "--size-mb", "1", "--small-count", "1", "--small-kb", "1",
+                                   "--repeat", "1"], nothing, 2, "--dir"),
+    ("scripts/bench_manifest.py", ["--buffer-mb", "nan", "--size-mb", "1", "--small-count", "1", "--small-kb", "1",
+                                   "--repeat", "1", "--dir", "{dir}"], nothing, 2, "--buffer-mb"),
+    ("scripts/bench_manifest.py", ["--size-mb", "x"], nothing, 2, "invalid int value"),
+    # demo_lifecycle.py
+    ("scripts/demo_lifecycle.py", ["--workdir", "{file}"], nothing, 2, "is not a directory"),
+    ("scripts/demo_lifecycle.py", ["--workdir", "{file}/demo"], nothing, 2, "is not a directory"),
+    ("scripts/demo_lifecycle.py", ["--bogus"], nothing, 2, "unrecognized arguments"),
+    # run_one.sh (--disk-floor-gb 0 so a full disk here cannot mask the check)
+    ("scripts/run_one.sh", ["--run-dir", "{file}", "--no-deadman", "--disk-floor-gb", "0", "--", "false"], nothing,
+     2, "is not a directory"),
+    ("scripts/run_one.sh", ["--durable-dir", "{file}", "--no-deadman", "--disk-floor-gb", "0", "--", "false"],
+     nothing, 2, "is not a directory"),
+    ("scripts/run_one.sh", ["--run-dir", "{tmp}/run", "--poll-seconds", "0", "--no-deadman", "--disk-floor-gb", "0",
+                            "--", "false"], nothing, 2, "--poll-seconds"),
+    ("scripts/run_one.sh", ["--profile", "local", "--run-dir", "{tmp}/run", "--no-deadman", "--", "false"],
+     profile_index("runpod"), 2, "not a readable profile index"),
+    ("scripts/run_one.sh", ["--profile", "bad-defaults", "--run-dir", "{tmp}/run", "--no-deadman", "--", "false"],
+     profile_index(MALFORMED_PROFILES), 2, "malformed"),
+    ("scripts/run_one.sh", ["--", ], nothing, 2, "no command given"),
+    ("scripts/run_one.sh", ["--run-dir", "{tmp}/run", "--no-deadman", "--grace-minutes", "5", "--", "false"], nothing,
+     2, "conflicts"),
+    # run_queue.sh
+    ("scripts/run_queue.sh", ["{file}", "--queue-dir", ""], nothing, 2, "--queue-dir is empty"),
+    ("scripts/run_queue.sh", ["{file}", "--queue-dir", "{file}"], nothing, 2, "cannot create"),
+    ("scripts/run_queue.sh", ["{missing}"], nothing, 2, "not found"),
+    ("scripts/run_queue.sh", ["--retry-failed", "{queue}"], queue_with_damaged_attempts, 0, "QUEUE OK"),
+    # mem_monitor.sh
+    ("scripts/mem_monitor.sh", ["--out", "{dir}", "--count", "1", "--interval", "0.01"], nothing, 2,
+     "is a directory"),
+    ("scripts/mem_monitor.sh", ["--out", "", "--count", "1", "--interval", "0.01"], nothing, 2, "--out"),
+    ("scripts/mem_monitor.sh", ["--cgroup-dir", "{dir}", "--count", "1", "--interval", "0.01"], nothing, 2,
+     "not a memory cgroup"),
+    ("scripts/mem_monitor.sh", ["--threshold", "150", "--count", "1", "--interval", "0.01"], nothing, 2,
+     "--threshold"),
+    ("scripts/mem_monitor.sh", ["--pid", "1", "--cgroup-dir", "{dir}", "--count", "1", "--interval", "0.01"], nothing,
+     2, "give one"),
+    # reap_vram_zombies.sh
+    ("scripts/reap_vram_zombies.sh", ["--pids-from", "{dir}"], nothing, 2, "is a directory"),
+    ("scripts/reap_vram_zombies.sh", ["--pids-from", ""], nothing, 2, "--pids-from"),
+    ("scripts/reap_vram_zombies.sh", ["--pids-from", "{file}"], nothing, 2, "is not a PID"),
+    # setup-china-mirrors.sh (executed with --check: a bad knob must stop it before any probe)
+    ("scripts/setup-china-mirrors.sh", ["--check", "--quiet"],
+     with_env(RGT_PIP_MIRROR="nope", RGT_CHECK_TIMEOUT="1", HF_ENDPOINT="http://127.0.0.1:9"), 2, "RGT_PIP_MIRROR"),
+    ("scripts/setup-china-mirrors.sh", ["--check", "--quiet"], with_env(RGT_CHECK_TIMEOUT="soon"), 2,
+     "RGT_CHECK_TIMEOUT"),
+    ("scripts/setup-china-mirrors.sh", ["--bogus"], nothing, 2, "unknown argument"),
+    ("scripts/setup-china-mirrors.sh", [], nothing, 2, "source this file"),
+    # gpu_health.sh
+    ("scripts/gpu_health.sh", ["--gpu", "x"], nothing, 2, "--gpu needs a whole number"),
+    ("scripts/gpu_health.sh", ["--timeout", "0"], nothing, 2, "--timeout must be > 0"),
+    ("scripts/gpu_health.sh", ["--bogus"], nothing, 2, "unknown argument"),
+]
+
+
+def case_id(case):
+    script, args = case[0], case[1]
+    return f"{Path(script).name}:{' '.join(args)[:60] or '<no args>'}"
+
+
+@pytest.mark.parametrize("script,args,setup,code,fragment", CASES, ids=[case_id(c) for c in CASES])
+def test_bad_input(tmp_path, script, args, setup, code, fragment):
+    keys = {"tmp": tmp_path, "file": put(tmp_path / "file.txt", "not a directory\n"), "dir": tmp_path / "empty-dir",
+            "missing": tmp_path / "does-not-exist"}
+    keys["dir"].mkdir()
+    extra = setup(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in SCRUB}
+    env.update(HOME=str(tmp_path / "home"), RGT_PYTHON=PY, **extra.pop("env", {}))
+    keys.update(extra)
+    (tmp_path / "home").mkdir(exist_ok=True)
+    argv = [arg.format(**keys) for arg in args]
+    path = REPO / script
+    cmd = (["bash", str(path)] if script.endswith(".sh") else [PY, str(path)]) + argv
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env, cwd=tmp_path,
+                         stdin=subprocess.DEVNULL, timeout=20)
+    shown = f"exit {res.returncode}\nstdout: {res.stdout[-800:]}\nstderr: {res.stderr[-1500:]}"
+    assert "Traceback" not in res.stderr, shown
+    assert res.returncode == code, shown
+    if code == 2:
+        assert len(res.stderr.strip().splitlines()) == 1, "a usage error must be ONE line on stderr\n" + shown
+        assert fragment in res.stderr, shown
+        after = sorted(p.name for p in tmp_path.iterdir())
+        assert after == before, f"a refused command left files behind: {sorted(set(after) - set(before))}"
+    else:
+        assert fragment in res.stdout + res.stderr, shown
+
+
+def test_every_script_has_three_bad_inputs():
+    scripts = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "scripts").iterdir()
+                     if p.suffix in (".py", ".sh")) + [TR]
+    counts = {s: sum(c[0] == s for c in CASES) for s in scripts}
+    assert {s: n for s, n in counts.items() if n < 3} == {}
