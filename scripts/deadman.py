@@ -649,6 +649,10 @@ class Deadman(object):
 
         if cfg["dry_run"]:
             self.fired["would_run"] = command
+            # Which $VARs resolved (names only: values can be ids or keys and stay out of files).
+            names = sorted({m.group(1).strip("{}") for m in UNRESOLVED_VAR.finditer(command)})
+            if names:
+                self.fired["variables_resolved"] = names
             self.fired["message"] = "dry run: nothing was signalled or run"
             self.save_fired()
             self.log("DRY RUN: would run %r (destructive: %s)" % (command, destructive))
@@ -773,6 +777,15 @@ def build_config(args, run_dir):
                 cfg["stop_cmd_needs"] = defaults["METER_STOP_NEEDS"]
     if args.stop_cmd_destructive and args.stop_cmd is None:
         raise UsageError("--stop-cmd-destructive describes --stop-cmd; give --stop-cmd too")
+    word = destructive_word(cfg["stop_cmd"]) if cfg["stop_cmd"] else None
+    if word and not cfg["destructive"]:
+        cfg["destructive"] = True
+        cfg["destructive_inferred_from"] = word
+        warnings.append("NOTE: the stop command names %r, so it is treated as destructive (runs only with "
+                        "--allow-destructive and a verified durable sync)" % word)
+    if cfg["fallback_stop_cmd"] and destructive_word(cfg["fallback_stop_cmd"]):
+        raise UsageError("--fallback-stop-cmd names %r: the fallback must be non-destructive"
+                         % destructive_word(cfg["fallback_stop_cmd"]))
     if not cfg["stop_cmd"] and not cfg["fallback_stop_cmd"]:
         warnings.append("WARNING: %s if this fires (no --stop-cmd, and profile %s has no METER_STOP_CMD); "
                         "it will only record why" % (NO_STOP_MSG, profile or "(none)"))
@@ -783,6 +796,30 @@ def build_config(args, run_dir):
                         "refused%s" % (" and the fallback run" if cfg["fallback_stop_cmd"]
                                        else "; with no --fallback-stop-cmd the meter keeps running"))
     return cfg, warnings
+
+
+DESTRUCTIVE_WORD = re.compile(r"(?:^|[/_.:=-])(terminate|destroy|delete|remove|release|deactivate|rm)(?:$|[/_.:=-])",
+                              re.IGNORECASE)
+
+
+def destructive_word(command):
+    """The word that makes a stop command look destructive (terminate, destroy, ...), or None.
+
+    Fail closed: a command that names such an action is treated as destructive even when nobody
+    declared it so, because running it without a verified durable copy can delete the only copy.
+    The program path itself is skipped (a folder name must not decide), its basename is not.
+    """
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if not argv:
+        return None
+    for token in [os.path.basename(argv[0])] + argv[1:]:
+        m = DESTRUCTIVE_WORD.search(token)
+        if m:
+            return m.group(1).lower()
+    return None
 
 
 def retire_old_evidence(run_dir, log):

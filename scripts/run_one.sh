@@ -340,6 +340,8 @@ supervise() {
   if [ "$rc" -ne 0 ]; then state=failed; elif [ "$sync_rc" -ne 0 ]; then state=sync_failed; else state=succeeded; fi
   note "run finished: state $state, job exit code $rc"
   if [ "$(cat "$run_dir/run.lock/pid" 2>/dev/null)" = "$$" ]; then rm -rf "$run_dir/run.lock"; fi
+  # This run's private tmux server ends with this process; its socket file would stay behind.
+  if [ -n "${TMUX:-}" ]; then rm -f "${TMUX%%,*}"; fi
   if [ "$rc" -ne 0 ]; then exit "$rc"; fi
   [ "$sync_rc" -eq 0 ] || exit 1
   exit 0

@@ -127,6 +127,11 @@ def num(value):
     return None
 
 
+def supervisor_alive(status):
+    pid = status.get("supervisor_pid")
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and bool(pid_alive(pid))
+
+
 def pid_alive(pid):
     """True/False; a zombie counts as dead (it has exited, only its parent has not reaped it)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
@@ -358,6 +363,10 @@ def classify(run_dir, stall_minutes, want_gpu=True, gpu_timeout=3.0, prev=None):
     elif state == "syncing":
         word = "syncing"
         r["reason"] = "job exited %s, copying outputs" % exit_code if exit_code is not None else "copying outputs"
+    elif state in ("running", "starting") and alive is False and exit_code is None and supervisor_alive(status):
+        # the job just ended and its supervisor is writing the exit code: not vanished, just late
+        word = "syncing"
+        r["reason"] = "job ended; the supervisor is recording its exit"
     elif state in ("running", "starting") and alive is False and exit_code is None:
         word = "failed"
         r["reason"] = "job vanished (pid %s gone, no exit_code)" % job_pid
@@ -384,6 +393,11 @@ def classify(run_dir, stall_minutes, want_gpu=True, gpu_timeout=3.0, prev=None):
         else:
             word = "starting"
     r["status"], r["exit"], r["hint"] = word, EXIT[word], HINT.get(word)
+    if word == "failed" and status.get("exit_code") in (143, 130, 129):
+        # 128 + SIGTERM/SIGINT/SIGHUP: stopped from outside (preemption, a drill, a stop), not a bug
+        r["hint"] = ("stopped by a signal (exit %s), e.g. preemption or a manual stop: relaunch the same "
+                     "command with a new run id from the same directory; a resumable job continues"
+                     % status.get("exit_code"))
     if word == "deadman_fired":
         r["reason"] = "dead-man fired: %s" % ((fired or {}).get("reason") or "see deadman.log")
 

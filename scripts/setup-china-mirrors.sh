@@ -12,7 +12,6 @@
 # value you exported yourself always wins:
 #   HF_ENDPOINT=https://hf-mirror.com   (must be exported before python imports huggingface_hub)
 #   HF_HUB_DISABLE_XET=1                (the Xet transfer path does not go through an HF_ENDPOINT mirror)
-#   HF_HUB_ENABLE_HF_TRANSFER=0         (older huggingface_hub; newer releases ignore it)
 #   HF_HOME, MODELSCOPE_CACHE, PIP_CACHE_DIR, CONDA_PKGS_DIRS under $DATA_DIR   (only when DATA_DIR is set)
 #   PIP_INDEX_URL=<mirror>/simple       (Tsinghua TUNA by default)
 #   no_proxy and NO_PROXY: only when http_proxy/https_proxy (any case) is set — adds localhost, 127.0.0.1
@@ -70,7 +69,6 @@ _rgt_cm_apply() {
     local pip_url hosts h
     _rgt_cm_default HF_ENDPOINT https://hf-mirror.com
     _rgt_cm_default HF_HUB_DISABLE_XET 1
-    _rgt_cm_default HF_HUB_ENABLE_HF_TRANSFER 0
     case "${HF_HUB_DISABLE_XET}" in
         1 | [Tt][Rr][Uu][Ee] | [Yy][Ee][Ss] | [Oo][Nn]) ;;
         *) _rgt_cm_say "note: HF_HUB_DISABLE_XET=${HF_HUB_DISABLE_XET} keeps Xet on; Xet downloads skip the mirror" ;;

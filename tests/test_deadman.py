@@ -311,14 +311,14 @@ def test_stop_command_expands_env_vars_and_keeps_the_template(tmp_path):
     stop, calls = stand_in(tmp_path)
     fallback, fb_calls = stand_in(tmp_path, "fallback")
     env = dict(os.environ, RGT_TEST_POD="pod-123")
-    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop + " remove $RGT_TEST_POD", env=env)
+    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop + " stop $RGT_TEST_POD", env=env)
     assert res.returncode == 0
-    assert calls_of(calls)[0].endswith("remove pod-123")
+    assert calls_of(calls)[0].endswith("stop pod-123")
     assert read(run, "DEADMAN_FIRED.json")["command"].endswith("$RGT_TEST_POD"), "expanded value leaked into the record"
     # an unset variable never runs a half-formed command: the fallback runs instead
     (run / "DEADMAN_FIRED.json").unlink()
     env.pop("RGT_TEST_POD")
-    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop + " remove $RGT_TEST_POD",
+    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop + " stop $RGT_TEST_POD",
                  "--fallback-stop-cmd", fallback, env=env)
     assert res.returncode == 0
     assert len(calls_of(calls)) == 1 and len(calls_of(fb_calls)) == 1
@@ -519,3 +519,35 @@ def test_suspend_is_told_apart_from_a_stall():
     assert dm.suspended_seconds((1000.0, 50.0), (1030.0, 80.0)) == 0.0        # a normal 30 s poll
     assert dm.suspended_seconds((1000.0, 50.0), (1000.0 + 3600, 80.0)) == 3570  # an hour asleep
     assert dm.suspended_seconds((1000.0, 50.0), (1020.0, 50.5)) == 0.0         # small jitter
+
+
+@pytest.mark.parametrize("command,word", [
+    ("runpodctl remove pod $RUNPOD_POD_ID", "remove"),
+    ("vastai destroy instance 42", "destroy"),
+    ("curl -X POST https://api.example.invalid/v1/instance-operations/terminate", "terminate"),
+])
+def test_undeclared_destructive_stop_is_treated_as_destructive(tmp_path, command, word):
+    """Fail closed: naming terminate/destroy/remove makes a stop destructive even without the flag."""
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    env = dict(os.environ, RUNPOD_POD_ID="pod-x")
+    res = arm_fg(run, "--grace-minutes", "0.005", "--stop-cmd", command, env=env)
+    assert res.returncode == 1
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert fired["refused"].startswith(REFUSED) and fired["attempts"] == []
+    assert word in res.stderr + (run / "deadman.log").read_text()
+
+
+def test_destructive_fallback_is_a_usage_error(tmp_path):
+    run = make_run(tmp_path, state="running")
+    res = deadman("arm", "--run-dir", run, "--stop-cmd", "true", "--fallback-stop-cmd", "vastai destroy instance 1",
+                  "--foreground", "--dry-run")
+    assert res.returncode == 2 and "non-destructive" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_dry_run_names_the_variables_it_resolved(tmp_path):
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    env = dict(os.environ, RGT_TEST_POD="pod-123")
+    res = arm_fg(run, "--grace-minutes", "0.005", "--stop-cmd", "true $RGT_TEST_POD", "--dry-run", env=env)
+    assert res.returncode == 0, res.stderr
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert fired["variables_resolved"] == ["RGT_TEST_POD"] and "pod-123" not in json.dumps(fired)

@@ -275,7 +275,8 @@ def test_script_defaults_section_has_table_and_example(pid):
     text = sections(pid).get("## 8. Script defaults", "")
     raw = body(pid).split("## 8. Script defaults", 1)[-1]
     assert re.search(r"^\|.*\|\s*$", text, re.M), f"§8 of {pid} has no defaults table"
-    assert f"scripts/run_one.sh --profile {pid}" in raw, f"§8 of {pid} lacks a run_one.sh example"
+    assert re.search(rf"(scripts|~/rgt-bin)/run_one\.sh --profile {re.escape(pid)}\b", raw), \
+        f"§8 of {pid} lacks a run_one.sh example"
 
 
 @pytest.mark.parametrize("pid", EXPECTED_IDS)

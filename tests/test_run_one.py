@@ -229,6 +229,9 @@ def test_success_syncs_verified_and_deadman_armed_before_job(box, detach):
     assert status["state"] == "succeeded" and status["exit_code"] == 0 and status["detach"] == detach
     assert (rd / "exit_code").read_text().strip() == "0"
     assert not (rd / "run.lock").exists(), "lock left behind after the run"
+    if detach == "tmux":  # the run's private tmux server is gone, and so is its socket file
+        sockets = os.environ.get("TMUX_TMPDIR", "/tmp") + "/tmux-%d/rgt-ok1" % os.getuid()
+        assert wait_for(lambda: not os.path.exists(sockets), 5), "tmux socket left behind"
     seen = json.loads(open(cfg["seen"]).read())
     assert seen["deadman_at_start"] == "armed", "the dead-man was not armed before the job started"
     assert seen["RGT_RUN_DIR"] == str(rd) and seen["RGT_RUN_ID"] == "ok1"

@@ -123,6 +123,15 @@ def test_running_with_dead_pid_and_no_exit_code_is_failed(tmp_path, dead_pid):
     assert status(run).stdout.startswith("FAILED job vanished")
 
 
+def test_job_just_ended_while_the_supervisor_records_it_is_not_vanished(tmp_path, dead_pid, live_pid):
+    run = make_run(tmp_path, "running", dead_pid, step=100, total=100)
+    doc = json.loads((run / "status.json").read_text())
+    doc["supervisor_pid"] = live_pid
+    (run / "status.json").write_text(json.dumps(doc))
+    code, data = as_json(run)
+    assert code == 4 and data["status"] == "syncing" and "supervisor" in data["reason"]
+
+
 def test_pid_on_another_host_is_not_checked(tmp_path, dead_pid):
     run = make_run(tmp_path, "running", dead_pid, step=10, total=100, host="gpu-box-elsewhere")
     code, data = as_json(run)
@@ -151,6 +160,12 @@ def test_succeeded_failed_sync_failed(tmp_path, dead_pid):
     code, data = as_json(bad)
     assert code == 1 and data["status"] == "failed" and data["exit_code"] == 3
     assert status(bad).stdout.startswith("FAILED job exited 3")
+    assert "fix the cause" in data["hint"]
+
+    (tmp_path / "d").mkdir()
+    preempted = make_run(tmp_path / "d", "failed", dead_pid, exit_code=143, step=20, total=500)
+    code, data = as_json(preempted)
+    assert code == 1 and "new run id" in data["hint"] and "fix the cause" not in data["hint"]
 
     sf = make_run(tmp_path / "c", "sync_failed", dead_pid, exit_code=0, step=500, total=500)
     (sf / "sync.json").write_text(json.dumps({"ok": False, "verified": False, "dest": "/durable/results/r1",
