@@ -259,3 +259,46 @@ def check_secrets(root: Path):
                 if pattern.search(line):
                     problems.append(f"{p.relative_to(root)}:{n}: looks like a {what}")
     return problems
+
+
+def script_options(path: Path):
+    """Every long option a script's --help mentions (for deadman.py, its subcommands' too)."""
+    import sys
+    runs = [[], ["arm"], ["ack"], ["status"]] if path.name == "deadman.py" else [[]]
+    text = ""
+    for sub in runs:
+        cmd = ([sys.executable, str(path)] if path.suffix == ".py" else ["bash", str(path)]) + sub + ["--help"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        text += res.stdout + res.stderr
+    return set(re.findall(r"--[a-z][a-z0-9-]*", text))
+
+
+def check_doc_flags(root: Path, docs=None):
+    """Every --option shown with one of our scripts in the docs is one that script accepts.
+
+    A command is read from the script's name to the end of its shell segment (a quote, pipe, &&, ;,
+    backtick, comment or ` -- `, after which the arguments belong to the job). Values passed through
+    `--deadman-arg` belong to deadman.py and are skipped here.
+    """
+    scripts = {p.name: p for p in [*(root / "scripts").glob("*.py"), *(root / "scripts").glob("*.sh"),
+                                   *(root / "examples").glob("*.py")]}
+    if not scripts:
+        return []
+    pattern = re.compile(r"(?<![\w.-])(?:[\w~./$-]*/)?(" + "|".join(map(re.escape, scripts)) + r")\b(.*)")
+    if docs is None:
+        docs = [root / "SKILL.md", root / "README.md", *files(root / "references", {".md"}),
+                *files(root / "profiles", {".md"})]
+    known, problems = {}, []
+    for doc in docs:
+        text = re.sub(r"\\\n\s*", " ", doc.read_text(encoding="utf-8"))  # join continued lines
+        for n, line in enumerate(text.splitlines(), 1):
+            for m in pattern.finditer(line):
+                name, rest = m.group(1), m.group(2)
+                segment = re.split(r'"|\||&&|;|`|\)|\s#|\s--\s|\s--$', rest)[0]
+                segment = re.sub(r"--deadman-arg\s+\S+", " ", segment)
+                for opt in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", segment):
+                    if name not in known:
+                        known[name] = script_options(scripts[name])
+                    if opt not in known[name]:
+                        problems.append(f"{doc.name if not doc.is_relative_to(root) else doc.relative_to(root)}:{n}: {name} has no option {opt}")
+    return problems

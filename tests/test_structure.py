@@ -226,3 +226,15 @@ def test_every_script_skill_md_shows_accepts_help(script):
     assert res.returncode == 0, f"{script} --help exited {res.returncode}: {res.stderr[-500:]}"
     assert "usage" in (res.stdout + res.stderr).lower()
     assert "Traceback" not in res.stderr
+
+
+def test_docs_show_only_options_the_scripts_accept():
+    assert sc.check_doc_flags(REPO) == []
+
+
+def test_doc_flag_check_catches_a_made_up_option(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("```bash\nssh gpu-box \"python3 ~/rgt-bin/run_status.py RUN --frobnicate\"\n"
+                   "bash ~/rgt-bin/run_one.sh --profile x \\\n  --no-such-flag -- python train.py --epochs 3\n```\n")
+    problems = sc.check_doc_flags(REPO, docs=[doc])
+    assert len(problems) == 2 and "--frobnicate" in problems[0] and "--no-such-flag" in problems[1]
