@@ -36,8 +36,8 @@ SCHEMA_VERSION = 1
 BEGIN = "<!-- BEGIN GENERATED: platform-table -->"
 END = "<!-- END GENERATED: platform-table -->"
 TABLE_FILES = ("SKILL.md", "README.md")
-HEADER = ("| Platform | Stop the meter | What that destroys | Still billing when paused |\n"
-          "|---|---|---|---|\n")
+HEADER = ("| Platform | Stop the meter | What that destroys | Still billing when paused | Checked |\n"
+          "|---|---|---|---|---|\n")
 
 
 class UsageError(Exception):
@@ -153,9 +153,10 @@ def render_table(profiles) -> str:
     for pid in order:
         p = profiles[pid]
         b = p.get("billing") or {}
-        rows.append("| [{}](profiles/{}.md) | {} | {} | {} |\n".format(
+        rows.append("| [{}](profiles/{}.md) | {} | {} | {} | {} |\n".format(
             _cell(p.get("title", pid)), pid, _cell(b.get("meter_stop_action", "?")),
-            _cell(b.get("meter_stop_destroys", "?")), _cell(b.get("keeps_billing_when_paused", "?"))))
+            _cell(b.get("meter_stop_destroys", "?")), _cell(b.get("keeps_billing_when_paused", "?")),
+            _cell(str(p.get("verified", "?")))))
     return HEADER + "".join(rows)
 
 

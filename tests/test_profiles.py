@@ -371,7 +371,9 @@ def test_table_rows_local_first_then_alphabetical(tmp_path):
             assert row.startswith(f"| [{index[pid]['title']}](profiles/{pid}.md) |")
             assert (root / "profiles" / f"{pid}.md").is_file()
         header = block.strip().splitlines()[0]
-        assert header == "| Platform | Stop the meter | What that destroys | Still billing when paused |"
+        assert header == "| Platform | Stop the meter | What that destroys | Still billing when paused | Checked |"
+        for row, pid in zip(rows, ids):  # the month the money facts were last checked, so staleness shows
+            assert row.rstrip().endswith(f"| {index[pid]['verified']} |")
 
 
 def test_missing_markers_exit_2_and_write_nothing(tmp_path):
