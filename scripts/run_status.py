@@ -277,6 +277,8 @@ def one_line(r):
             bits.append("deadman DOWN")
         else:
             bits.append("deadman %s" % (dm.get("state") or "?"))
+    if r.get("cost_so_far") is not None:
+        bits.append("cost ~%.2f over %s" % (r["cost_so_far"], human_age(r["cost_hours"] * 3600)))
     if r.get("hint"):
         bits.append("-- " + r["hint"])
     return " ".join(str(b) for b in bits)
@@ -453,7 +455,24 @@ def parse_args(argv):
     ap.add_argument("--gpu-timeout", type=positive_number, default=3.0,
                     help="seconds to wait for nvidia-smi (default 3)")
     ap.add_argument("--no-gpu", action="store_true", help="do not call nvidia-smi")
+    ap.add_argument("--rate-per-hour", type=positive_number, metavar="PRICE",
+                    help="the box's hourly price: adds the run's cost so far (job time x price; the box itself "
+                         "may have billed longer, from before the launch and after the end)")
     return ap.parse_args(argv)
+
+
+def add_cost(r, run_dir, rate):
+    """cost_so_far = hours from the job's start to its end (or now) x rate, rounded to cents."""
+    status = read_json(os.path.join(run_dir, "status.json")) or {}
+    started = parse_iso(status.get("started_at")) if isinstance(status, dict) else None
+    if started is None:
+        r["cost_so_far"], r["cost_note"] = None, "no started_at in status.json yet"
+        return
+    ended = parse_iso(status.get("ended_at")) if r["status"] in TERMINAL else None
+    hours = max(0.0, ((ended or time.time()) - started) / 3600.0)
+    r["cost_so_far"] = round(hours * rate, 2)
+    r["cost_hours"] = round(hours, 3)
+    r["cost_note"] = "job time x rate; the box may have billed longer"
 
 
 def emit(r, as_json):
@@ -467,6 +486,8 @@ def main(argv=None):
     try:
         while True:
             r = classify(args.run_dir, args.stall_minutes, not args.no_gpu, args.gpu_timeout, prev)
+            if args.rate_per_hour:
+                add_cost(r, args.run_dir, args.rate_per_hour)
             emit(r, args.json)
             if args.watch is None or r["status"] in TERMINAL:
                 return r["exit"]

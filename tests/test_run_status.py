@@ -245,3 +245,20 @@ def test_hung_nvidia_smi_is_cut_off(tmp_path, live_pid):
     assert code == 4 and data["gpu"] is None and "timed out" in data["gpu_reason"]
     code, data = as_json(run, "--no-gpu", env=env)
     assert data["gpu_reason"].startswith("skipped")
+
+
+def test_cost_so_far_from_job_time_and_rate(tmp_path, dead_pid):
+    run = make_run(tmp_path, "succeeded", dead_pid, exit_code=0, started_ago=7200)
+    doc = json.loads((run / "status.json").read_text())
+    doc["ended_at"] = iso(time.time() - 3600)          # ran for one hour, ended an hour ago
+    (run / "status.json").write_text(json.dumps(doc))
+    res = subprocess.run([sys.executable, str(STATUS), str(run), "--json", "--no-gpu", "--rate-per-hour", "2.5"],
+                         capture_output=True, text=True, timeout=30)
+    data = json.loads(res.stdout)
+    assert res.returncode == 0 and abs(data["cost_so_far"] - 2.5) <= 0.01 and "billed longer" in data["cost_note"]
+    line = subprocess.run([sys.executable, str(STATUS), str(run), "--no-gpu", "--rate-per-hour", "2.5"],
+                          capture_output=True, text=True, timeout=30).stdout
+    assert "cost ~2.50" in line
+    bad = subprocess.run([sys.executable, str(STATUS), str(run), "--rate-per-hour", "-1"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
