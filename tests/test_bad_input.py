@@ -198,6 +198,10 @@ CASES = [
     ("scripts/fetch_resumable.py", ["http://127.0.0.1:9/x", "--out", "", "--retries", "1"], nothing, 2,
      "--out is empty"),
     ("scripts/fetch_resumable.py", ["ftp://gpu-box/x", "--out", "{tmp}/o"], nothing, 2, "not an http(s) URL"),
+    # check_staleness.py
+    ("scripts/check_staleness.py", ["--today", "2026-13"], nothing, 2, "--today"),
+    ("scripts/check_staleness.py", ["--max-age-months", "six"], nothing, 2, "--max-age-months"),
+    ("scripts/check_staleness.py", ["--root", "{missing}"], nothing, 2, "neither profiles/ nor references/"),
     # reconcile.py
     ("scripts/reconcile.py", [], nothing, 2, "required: documents"),
     ("scripts/reconcile.py", ["{file}", "--abs-tol", "nan"], nothing, 2, "--abs-tol"),
