@@ -2,7 +2,8 @@
 """Run the whole remote-GPU lifecycle on this machine, with the `local` profile, and show the evidence.
 
   probe → gate → dead-man armed → run → interrupted (SIGTERM, as a spot preemption) → resumed →
-  manifest → pull → verify → teardown gate (and a gate that refuses a changed node)
+  manifest → pull → verify → teardown gate (and a gate that refuses a changed node) → a hung job
+  that the dead-man ends and stops the (stand-in) meter for, with no one watching
 
 The "node" and the "laptop" are two folders in a temporary directory; the pull goes through the same
 code that pulls over SSH. Needs Python 3.8+ and bash; tmux and rsync are used when present. Uses
@@ -169,7 +170,29 @@ class Demo:
         first = [l for l in gate.stdout.splitlines() if l.strip()][:1]
         self.phase("teardown gate", f"passes on the verified pull ({first[0][:60] if first else 'exit 0'}…); "
                                     "refuses (exit 3) once a node file changes after the pull")
+        self.hang_drill()
         return stale
+
+    def hang_drill(self):
+        """A job that is alive but silent: the dead-man must end it and stop the meter on its own."""
+        marker = self.node / "METER_STOPPED"
+        stand_in = f"{sys.executable} -c \"open({str(marker)!r}, 'w').write('stand-in meter stop')\""
+        run3 = self.node / "runs" / "demo-hang"
+        self.run(["bash", SCRIPTS / "run_one.sh", "--profile", "local", "--run-id", "demo-hang",
+                  "--run-dir", run3, "--durable-dir", self.durable, "--disk-floor-gb", "0.01",
+                  "--stall-minutes", "0.05", "--poll-seconds", "0.5",
+                  "--deadman-arg", "--stop-cmd", "--deadman-arg", stand_in,
+                  "--deadman-arg", "--term-grace-seconds", "--deadman-arg", "5", "--",
+                  sys.executable, "-c", "import time; time.sleep(120)"], cwd=self.job_dir)
+        deadline = time.time() + 30
+        while time.time() < deadline and not ((run3 / "DEADMAN_FIRED.json").exists() and marker.exists()):
+            time.sleep(0.2)
+        if not marker.exists():
+            raise PhaseFailed("the dead-man did not stop the (stand-in) meter for a hung job")
+        fired = json.loads((run3 / "DEADMAN_FIRED.json").read_text())
+        term = fired.get("job_term") or {}
+        self.phase("dead-man fires", f"hung job (alive, no heartbeat): reason {fired.get('reason')}, job got "
+                                     f"SIGTERM (exited: {term.get('job_exited')}), then the stand-in meter stop ran")
 
     def cleanup(self):
         """Stop anything the demo left running: dead-men and tmux sessions of its runs."""

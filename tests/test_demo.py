@@ -6,7 +6,8 @@ import time
 
 from conftest import SCRIPTS
 
-PHASES = ["probe", "gate", "dead-man", "run", "interrupt", "resume", "manifest", "pull", "verify", "teardown gate"]
+PHASES = ["probe", "gate", "dead-man", "run", "interrupt", "resume", "manifest", "pull", "verify", "teardown gate",
+          "dead-man fires"]
 
 
 def live_deadmen(workdir):
