@@ -107,3 +107,11 @@ def test_bad_usage_is_one_line_exit_2(home):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     res = run(home, "--project", str(home / "missing"))
     assert res.returncode == 2 and res.stderr.count("\n") == 1
+
+
+def test_installed_copy_passes_the_official_validator(home):
+    from conftest import need
+    assert run(home, "--agent", "claude").returncode == 0
+    res = subprocess.run([need("agentskills"), "validate", str(home / ".claude/skills" / SKILL)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
