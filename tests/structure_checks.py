@@ -302,3 +302,19 @@ def check_doc_flags(root: Path, docs=None):
                     if opt not in known[name]:
                         problems.append(f"{doc.name if not doc.is_relative_to(root) else doc.relative_to(root)}:{n}: {name} has no option {opt}")
     return problems
+
+
+def check_reference_openings(root: Path):
+    """Each reference opens with 'Use this when' and a contents list; each catalog has a symptom index."""
+    problems = []
+    entry_files = {md.resolve() for md, _, _, _ in entries(root)}
+    for md in files(root / "references", {".md"}) if (root / "references").is_dir() else []:
+        text = md.read_text(encoding="utf-8")
+        rel = md.relative_to(root)
+        if "use this when" not in "\n".join(text.splitlines()[:12]).lower():
+            problems.append(f"{rel}: no 'Use this when' in its first lines")
+        if not re.search(r"^#{2,3}\s+(table of )?contents\b", text, re.I | re.M):
+            problems.append(f"{rel}: no contents list")
+        if md.resolve() in entry_files and not re.search(r"^#{2,3}\s+symptom index\b", text, re.I | re.M):
+            problems.append(f"{rel}: has entries but no symptom index")
+    return problems

@@ -238,3 +238,14 @@ def test_doc_flag_check_catches_a_made_up_option(tmp_path):
                    "bash ~/rgt-bin/run_one.sh --profile x \\\n  --no-such-flag -- python train.py --epochs 3\n```\n")
     problems = sc.check_doc_flags(REPO, docs=[doc])
     assert len(problems) == 2 and "--frobnicate" in problems[0] and "--no-such-flag" in problems[1]
+
+
+def test_references_open_with_when_contents_and_symptom_index():
+    assert sc.check_reference_openings(REPO) == []
+
+
+def test_opening_check_catches_a_bare_catalog(tree):
+    (tree / "references" / "bare.md").write_text(
+        "# Bare\n\n### ZZ9 — Thing\n**Symptom** a **Cause** b **Fix** c **Check** d\n")
+    problems = [p for p in sc.check_reference_openings(tree) if "bare.md" in p]
+    assert len(problems) == 3
