@@ -71,3 +71,12 @@ def test_manifest_and_status_work_on_python_38(tmp_path):
     res = subprocess.run([exe, str(REPO / "scripts/run_status.py"), str(run), "--json", "--no-gpu"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and json.loads(res.stdout)["status"] == "succeeded", res.stderr
+
+
+def test_readme_main_command_runs_on_bare_python_38(tmp_path):
+    """The demo needs no third-party package: a 3.8 without torch takes the pure-Python model."""
+    exe = py38()
+    res = subprocess.run([exe, str(REPO / "scripts/demo_lifecycle.py"), "--json", "--workdir", str(tmp_path / "d")],
+                         capture_output=True, text=True, timeout=240)
+    report = json.loads(res.stdout)
+    assert res.returncode == 0 and report["ok"], res.stderr[-1500:]
