@@ -5,16 +5,17 @@
 #   run_one.sh [--profile NAME] [--run-id ID] [--run-dir DIR] [--durable-dir DIR] [--output GLOB]...
 #              [--disk-floor-gb N] [--stall-minutes M] [--grace-minutes M] [--max-hours H]
 #              [--deadman-dry-run] [--no-deadman] [--deadman-arg ARG]... [--wait] [--poll-seconds S]
-#              -- CMD [ARGS...]
+#              [--require-gpu] -- CMD [ARGS...]
 #
 # In order: load the profile's defaults from profiles/index.json (variables already set in the
 # environment win; flags win over both) -> source PROXY_HOOK when it is an existing file (sourced,
 # never eval'd) -> refuse below the disk floor (free bytes AND inodes on DATA_DIR, DURABLE_DIR and
-# the run dir's filesystem) -> create the run dir and take its lock -> write run.json and
-# status.json -> ARM THE DEAD-MAN (deadman.py next to this script) -> start a detached supervisor
-# (tmux when installed, else setsid+nohup) that survives the SSH session, runs CMD with output
-# appended to job.log, forwards SIGTERM/SIGINT/SIGHUP to the job's process group as SIGTERM (spot
-# grace), records the exit code, then copies the --output globs (relative to the current
+# the run dir's filesystem) -> with --require-gpu, refuse when nvidia-smi lists no GPU (a restart
+# that came back with zero GPUs bills for nothing) -> create the run dir and take its lock ->
+# write run.json and status.json -> ARM THE DEAD-MAN (deadman.py next to this script) -> start a
+# detached supervisor (tmux when installed, else setsid+nohup) that survives the SSH session, runs
+# CMD with output appended to job.log, forwards SIGTERM/SIGINT/SIGHUP to the job's process group
+# as SIGTERM (spot grace), records the exit code, then copies the --output globs (relative to the current
 # directory) to $DURABLE_DIR/results/$RUN_ID/ and verifies every copy by sha256 (sync.json).
 #
 # A sync that fails or does not verify, or an --output glob that matches nothing, makes the run
@@ -30,7 +31,7 @@
 #
 # Exit codes: 0 launched (or, with --wait, the job and its sync succeeded); with --wait the job's
 # own exit code when it failed, or 1 when the job exited 0 but the durable sync failed;
-# 1 the supervisor could not be started; 2 usage; 3 a gate refused (disk floor, run dir locked by a
+# 1 the supervisor could not be started; 2 usage; 3 a gate refused (disk floor, no GPU, run dir locked by a
 # live run, a dead-man still armed on this run dir, the dead-man could not be armed).
 set -uo pipefail
 
@@ -355,7 +356,7 @@ fi
 
 # ---------------------------------------------------------------------------------- arguments
 PROFILE="" RUN_ID="" RUN_DIR="" DURABLE_ARG="" FLOOR_ARG="" STALL="" GRACE="" MAXH="" POLL=""
-DM_DRY=0 NO_DM=0 WAIT=0
+DM_DRY=0 NO_DM=0 WAIT=0 NEED_GPU=0
 OUTPUTS=() DM_EXTRA=()
 need_val() { [ "$#" -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ "$#" -gt 0 ]; do
@@ -375,6 +376,7 @@ while [ "$#" -gt 0 ]; do
     --deadman-dry-run) DM_DRY=1; shift ;;
     --no-deadman) NO_DM=1; shift ;;
     --wait) WAIT=1; shift ;;
+    --require-gpu) NEED_GPU=1; shift ;;
     --) shift; break ;;
     *) die "unknown argument '$1' (the command goes after --; see --help)" ;;
   esac
@@ -475,6 +477,17 @@ gate_paths=("$RUN_DIR")
 if ! pyh disk "$FLOOR" "$INODE_FLOOR" "${gate_paths[@]}"; then
   die "disk floor not met (need ${FLOOR} GiB and ${INODE_FLOOR} inodes free): free space first (df -h; df -i);\
  nothing was started" 3
+fi
+
+# ---------------------------------------------------------------------------------- GPU gate
+# A GPU job on a box whose GPU is gone (a restart that found "0 GPUs", a broken driver) bills for nothing.
+if [ "$NEED_GPU" = 1 ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  if [ "${gpus:-0}" -lt 1 ]; then
+    die "--require-gpu: nvidia-smi lists no GPU (missing driver, or the box came back without one); nothing was\
+ started" 3
+  fi
+  printf 'ok GPU gate: %s GPU(s) listed by nvidia-smi\n' "$gpus" >&2
 fi
 
 # ---------------------------------------------------------------------------------- run dir + lock

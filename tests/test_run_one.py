@@ -305,6 +305,23 @@ def test_disk_floor_refuses_before_anything_starts(box):
     assert not box.run_dir("floor").exists()
 
 
+def test_require_gpu_refuses_a_box_without_one(box):
+    job, cfg = box.job("gpu")
+    env = dict(box.env, PATH=path_without(box.tmp, "nvidia-smi"))
+    res = box.launch("nogpu", job, "--require-gpu", env=env)
+    assert res.returncode == 3 and "lists no GPU" in res.stderr
+    assert not box.run_dir("nogpu").exists() and not os.path.exists(cfg["seen"])
+    # a stand-in nvidia-smi that lists one GPU lets the same launch through
+    fake = box.tmp / "fake-bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: Test GPU (UUID: GPU-00000000)"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    env["PATH"] = "%s:%s" % (fake, env["PATH"])
+    res = box.launch("onegpu", job, "--require-gpu", "--wait", env=env)
+    assert res.returncode == 0, res.stderr
+    assert "ok GPU gate: 1 GPU(s)" in res.stderr and os.path.exists(cfg["seen"])
+
+
 def test_live_lock_refuses_and_sigterm_to_supervisor_reaches_the_job(box):
     job, cfg = box.job("long", sleep=60)
     res = box.launch("busy", job, "--grace-minutes", "5")
