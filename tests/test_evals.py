@@ -159,3 +159,19 @@ def test_routing_check_fails_without_the_router():
     gutted = text[: text.index("## Router")] + text[text.index("## Scripts"):]
     rate, _ = route_rate(REPO, gutted, load_cases())
     assert rate < ROUTE_FLOOR
+
+
+def uncovered_entries(root, cases):
+    covered = {i for _, c in cases for i in c.get("expected_ids", [])}
+    return sorted({eid for _, _, eid, _ in sc.entries(root)} - covered)
+
+
+def test_every_gotcha_entry_has_an_eval_case():
+    assert uncovered_entries(REPO, load_cases()) == []
+
+
+def test_coverage_check_notices_a_new_entry_without_a_case(tmp_path):
+    root = tmp_path / "skill"
+    (root / "references").mkdir(parents=True)
+    (root / "references" / "x.md").write_text("### ZZ7 — New\n**Symptom** a **Cause** b **Fix** c **Check** d\n")
+    assert uncovered_entries(root, load_cases()) == ["ZZ7"]
