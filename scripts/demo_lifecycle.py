@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
+NODE = SCRIPTS / "node"
 TRAIN = ROOT / "examples" / "train_resumable.py"
 STEPS = 60
 STEP_SECONDS = 0.08
@@ -69,14 +70,14 @@ class Demo:
         return res
 
     def py(self, script, *args, **kw):
-        return self.run([sys.executable, SCRIPTS / script, *args], **kw)
+        return self.run([sys.executable, (NODE if (NODE / script).exists() else SCRIPTS) / script, *args], **kw)
 
     def phase(self, name, evidence):
         self.report.append({"phase": name, "ok": True, "evidence": evidence})
         self.say(f"  OK   {name:<14} {evidence}")
 
     def launch(self, run_id, extra_train=()):
-        argv = ["bash", SCRIPTS / "run_one.sh", "--profile", "local", "--run-id", run_id,
+        argv = ["bash", NODE / "run_one.sh", "--profile", "local", "--run-id", run_id,
                 "--run-dir", self.node / "runs" / run_id, "--durable-dir", self.durable,
                 "--output", "ckpt/final.json", "--output", "ckpt/metrics.jsonl", "--output", "ckpt/model_final.*",
                 "--disk-floor-gb", "0.01", "--stall-minutes", "5", "--grace-minutes", "1",
@@ -178,7 +179,7 @@ class Demo:
         marker = self.node / "METER_STOPPED"
         stand_in = f"{sys.executable} -c \"open({str(marker)!r}, 'w').write('stand-in meter stop')\""
         run3 = self.node / "runs" / "demo-hang"
-        self.run(["bash", SCRIPTS / "run_one.sh", "--profile", "local", "--run-id", "demo-hang",
+        self.run(["bash", NODE / "run_one.sh", "--profile", "local", "--run-id", "demo-hang",
                   "--run-dir", run3, "--durable-dir", self.durable, "--disk-floor-gb", "0.01",
                   "--stall-minutes", "0.05", "--poll-seconds", "0.5",
                   "--deadman-arg", "--stop-cmd", "--deadman-arg", stand_in,
@@ -197,7 +198,7 @@ class Demo:
     def cleanup(self):
         """Stop anything the demo left running: dead-men and tmux sessions of its runs."""
         for run_dir in (self.node / "runs").glob("*") if (self.node / "runs").exists() else []:
-            subprocess.run([sys.executable, str(SCRIPTS / "deadman.py"), "ack", "--run-dir", str(run_dir),
+            subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(run_dir),
                             "--disarm"], capture_output=True, env=self.env)
             try:  # a disarmed dead-man exits at its next poll; the demo does not wait for that
                 dm_pid = int(json.loads((run_dir / "deadman.json").read_text()).get("pid") or 0)
@@ -230,8 +231,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, help="use this (empty or new) folder instead of a temporary one")
     args = ap.parse_args(argv)
 
-    needed = [SCRIPTS / n for n in ("node_probe.py", "run_one.sh", "deadman.py", "run_status.py",
-                                    "build_pull_manifest.py", "pull_verified.py", "teardown_gate.py")]
+    needed = [NODE / n for n in ("node_probe.py", "run_one.sh", "deadman.py", "run_status.py", "build_pull_manifest.py")]
+    needed += [SCRIPTS / n for n in ("pull_verified.py", "teardown_gate.py")]
     needed += [TRAIN, ROOT / "profiles" / "index.json"]
     missing = [str(p.relative_to(ROOT)) for p in needed if not p.exists()]
     if missing:

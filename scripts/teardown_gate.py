@@ -47,7 +47,7 @@ import sys
 import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "node"))
 import build_pull_manifest as bpm  # noqa: E402  (sibling scripts; local side only)
 import pull_verified as pv  # noqa: E402
 
@@ -62,7 +62,7 @@ def index_path():
     chosen = os.environ.get("RGT_PROFILE_INDEX")
     if chosen:   # set on purpose: never fall back to another index with other facts
         return os.path.abspath(chosen) if os.path.isfile(chosen) else None
-    candidates = [os.path.join(HERE, "..", "profiles", "index.json"), os.path.join(HERE, "index.json")]
+    candidates = [os.path.join(HERE, "..", "profiles", "index.json"), os.path.join(HERE, "node", "index.json")]
     for candidate in candidates:
         if candidate and os.path.isfile(candidate):
             return os.path.abspath(candidate)
@@ -75,7 +75,7 @@ def load_profile(name: str):
     if path is None:
         if os.environ.get("RGT_PROFILE_INDEX"):
             return None, f"RGT_PROFILE_INDEX={os.environ['RGT_PROFILE_INDEX']} is not a file"
-        return None, "profiles/index.json not found (set RGT_PROFILE_INDEX or run scripts/build_profile_index.py)"
+        return None, "profiles/index.json not found (set RGT_PROFILE_INDEX or run tools/build_profile_index.py)"
     try:
         with open(path, encoding="utf-8") as handle:
             profiles = json.load(handle)["profiles"]
@@ -117,7 +117,7 @@ def meter_lines(name: str, profile: dict) -> list:
 
 def rebuild_manifest(host, root: str, rsh, roster, run_id: str) -> bytes:
     """Recompute the node's manifest now, writing nothing there. Raises pv.FetchError."""
-    script = os.path.join(HERE, "build_pull_manifest.py")
+    script = os.path.join(HERE, "node", "build_pull_manifest.py")
     tail = ["--run-id", run_id, "--out", "-"]
     for pattern in roster:
         tail += ["--roster", pattern]

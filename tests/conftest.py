@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = REPO / "scripts"
+SCRIPTS = REPO / "scripts"          # laptop tools
+NODE = SCRIPTS / "node"             # the node toolkit, pushed to the GPU box as one folder
+TOOLS = REPO / "tools"              # maintainer tools
 SHARED = REPO.parent / "shared"
 STRICT = os.environ.get("RGT_REQUIRE_ALL") == "1"
 

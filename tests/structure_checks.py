@@ -280,8 +280,8 @@ def check_doc_flags(root: Path, docs=None):
     backtick, comment or ` -- `, after which the arguments belong to the job). Values passed through
     `--deadman-arg` belong to deadman.py and are skipped here.
     """
-    scripts = {p.name: p for p in [*(root / "scripts").glob("*.py"), *(root / "scripts").glob("*.sh"),
-                                   *(root / "examples").glob("*.py")]}
+    scripts = {p.name: p for d in ("scripts", "scripts/node", "tools", "examples")
+               for p in [*(root / d).glob("*.py"), *(root / d).glob("*.sh")]}
     if not scripts:
         return []
     pattern = re.compile(r"(?<![\w.-])(?:[\w~./$-]*/)?(" + "|".join(map(re.escape, scripts)) + r")\b(.*)")

@@ -1,13 +1,13 @@
-"""scripts/check_staleness.py: old and future "verified" stamps are listed; --strict makes them fail."""
+"""tools/check_staleness.py: old and future "verified" stamps are listed; --strict makes them fail."""
 import json
 import subprocess
 import sys
 
-from conftest import REPO, SCRIPTS
+from conftest import NODE, REPO, SCRIPTS, TOOLS
 
 
 def run(*args):
-    res = subprocess.run([sys.executable, str(SCRIPTS / "check_staleness.py"), *map(str, args)],
+    res = subprocess.run([sys.executable, str(TOOLS / "check_staleness.py"), *map(str, args)],
                          capture_output=True, text=True, timeout=30)
     assert "Traceback" not in res.stderr
     return res

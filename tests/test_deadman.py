@@ -1,4 +1,4 @@
-"""Fault drills for scripts/deadman.py: real processes, signals and files, tiny intervals.
+"""Fault drills for scripts/node/deadman.py: real processes, signals and files, tiny intervals.
 
 The meter-stop command is a stand-in shell script that appends one line per call to a file,
 so every test can see whether (and when, and with which arguments) the meter would have stopped.
@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from conftest import SCRIPTS, need
+from conftest import NODE, SCRIPTS, TOOLS, need
 
-DEADMAN = str(SCRIPTS / "deadman.py")
+DEADMAN = str(NODE / "deadman.py")
 POLL = "0.05"
 NO_STOP = "no on-node stop command; the meter is still running"
 REFUSED = "refused: destructive stop without verified durable sync"
@@ -511,7 +511,7 @@ def test_removed_run_dir_makes_the_deadman_stand_down_without_firing(tmp_path, p
 
 def test_suspend_is_told_apart_from_a_stall():
     """A wall-clock jump the monotonic clock did not see is a suspend, not a hung job."""
-    sys.path.insert(0, str(SCRIPTS))
+    sys.path.insert(0, str(NODE))
     try:
         import deadman as dm
     finally:

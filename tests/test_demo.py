@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from conftest import SCRIPTS
+from conftest import NODE, SCRIPTS, TOOLS
 
 PHASES = ["probe", "gate", "dead-man", "run", "interrupt", "resume", "manifest", "pull", "verify", "teardown gate",
           "dead-man fires"]

@@ -1,4 +1,4 @@
-"""Behaviour tests for scripts/node_probe.py (phase-0 node audit and gate).
+"""Behaviour tests for scripts/node/node_probe.py (phase-0 node audit and gate).
 
 They run the real script in a subprocess on this machine. This box has no NVIDIA GPU, so the
 GPU-less path is exercised for real; GPU parsing is exercised with a stand-in `nvidia-smi` put
@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from conftest import SCRIPTS
+from conftest import NODE, SCRIPTS, TOOLS
 
-PROBE = SCRIPTS / "node_probe.py"
+PROBE = NODE / "node_probe.py"
 
 
 def clean_path(extra_first=None):

@@ -20,10 +20,10 @@ import time
 
 import pytest
 
-from conftest import SCRIPTS, need
+from conftest import NODE, SCRIPTS, TOOLS, need
 
 SHELL_SCRIPTS = ["gpu_health.sh", "mem_monitor.sh", "reap_vram_zombies.sh", "setup-china-mirrors.sh"]
-FETCH = SCRIPTS / "fetch_resumable.py"
+FETCH = NODE / "fetch_resumable.py"
 
 
 def base_env(path_first=None):
@@ -40,14 +40,14 @@ def base_env(path_first=None):
 
 
 def bash(script, *args, env=None, timeout=60):
-    return subprocess.run(["bash", str(SCRIPTS / script), *args], capture_output=True, text=True,
+    return subprocess.run(["bash", str(NODE / script), *args], capture_output=True, text=True,
                           env=env or base_env(), timeout=timeout)
 
 
 @pytest.mark.parametrize("name", SHELL_SCRIPTS)
 def test_shellcheck_clean(name):
     sc = need("shellcheck")
-    proc = subprocess.run([sc, "-x", str(SCRIPTS / name)], capture_output=True, text=True)
+    proc = subprocess.run([sc, "-x", str(NODE / name)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
@@ -343,7 +343,7 @@ def test_reaper_no_gpu_and_bad_input(tmp_path):
 
 # --------------------------------------------------------------------------- setup-china-mirrors.sh
 
-MIRRORS = SCRIPTS / "setup-china-mirrors.sh"
+MIRRORS = NODE / "setup-china-mirrors.sh"
 DUMP = "env -0 | sort -z | grep -zv '^_=' | tr '\\0' '\\n'"
 
 

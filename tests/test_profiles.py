@@ -2,7 +2,7 @@
 
 Every profile's frontmatter must validate against profiles/profile.schema.json; broken copies must
 fail, each kind of break on its own. Every profile has the eight sections in order. The builder
-(scripts/build_profile_index.py) is run for real on temporary copies of the tree: --check passes on
+(tools/build_profile_index.py) is run for real on temporary copies of the tree: --check passes on
 fresh output and fails on a stale one; a rebuild reproduces the committed bytes. Finally, spot checks
 on the facts that cost the most money or data if they were wrong, for every platform.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SCRIPTS, need_module
+from conftest import NODE, REPO, SCRIPTS, TOOLS, need_module
 
 PROFILES = REPO / "profiles"
-BUILDER = SCRIPTS / "build_profile_index.py"
+BUILDER = TOOLS / "build_profile_index.py"
 SCHEMA_PATH = PROFILES / "profile.schema.json"
 EXPECTED_IDS = ["local", "autodl", "runpod", "vastai", "lambda", "paperspace", "china", "generic-ssh"]
 PREFIX = {"local": "LO", "autodl": "AD", "runpod": "RP", "vastai": "VA", "lambda": "LA",
@@ -275,7 +275,7 @@ def test_script_defaults_section_has_table_and_example(pid):
     text = sections(pid).get("## 8. Script defaults", "")
     raw = body(pid).split("## 8. Script defaults", 1)[-1]
     assert re.search(r"^\|.*\|\s*$", text, re.M), f"§8 of {pid} has no defaults table"
-    assert re.search(rf"(scripts|~/rgt-bin)/run_one\.sh --profile {re.escape(pid)}\b", raw), \
+    assert re.search(rf"(scripts/node|~/rgt-bin)/run_one\.sh --profile {re.escape(pid)}\b", raw), \
         f"§8 of {pid} lacks a run_one.sh example"
 
 
@@ -299,7 +299,7 @@ def test_builder_help_runs():
 def test_repo_index_and_tables_are_fresh():
     need_module("yaml")
     res = run_builder(REPO, "--check")
-    assert res.returncode == 0, res.stderr + "\nrun: python3 scripts/build_profile_index.py"
+    assert res.returncode == 0, res.stderr + "\nrun: python3 tools/build_profile_index.py"
 
 
 def test_rebuild_on_a_copy_reproduces_the_repo_bytes(tmp_path):
@@ -346,7 +346,7 @@ def test_check_fails_on_a_changed_value_and_writes_nothing(tmp_path, pid, old, n
 def test_index_shape_matches_the_contract(tmp_path):
     root = fresh_copy(tmp_path)
     index = json.loads((root / "profiles" / "index.json").read_text(encoding="utf-8"))
-    assert index["generated_by"] == "scripts/build_profile_index.py"
+    assert index["generated_by"] == "tools/build_profile_index.py"
     assert index["schema_version"] == 1
     stems = {p.stem for p in (root / "profiles").glob("*.md")}
     assert set(index["profiles"]) == stems

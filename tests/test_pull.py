@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, missing, need, need_module
+from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_module
 from sshd_fixture import sshd_server  # noqa: F401  (session fixture: real sshd + ssh config "gpu-box")
 
-sys.path.insert(0, str(SCRIPTS))
+sys.path.insert(0, str(SCRIPTS)); sys.path.insert(0, str(NODE))
 import pull_verified  # noqa: E402  (pure helpers, tested in-process)
 
-BUILD = SCRIPTS / "build_pull_manifest.py"
+BUILD = NODE / "build_pull_manifest.py"
 PULL = SCRIPTS / "pull_verified.py"
 GATE = SCRIPTS / "teardown_gate.py"
-SCHEMA = SCRIPTS / "pull_manifest.schema.json"
+SCHEMA = NODE / "manifest.schema.json"
 ROSTER = ("ckpt/**", "metrics.jsonl", "final.json")
 RUN = "run-7"
 
@@ -482,7 +482,7 @@ def test_gate_load_checks(node, tmp_path, profile_env):
 def test_gate_reads_the_generated_profile_index(node, tmp_path):
     index = SCRIPTS.parent / "profiles" / "index.json"
     if not index.is_file():
-        missing("profiles/index.json not generated yet (scripts/build_profile_index.py)")
+        missing("profiles/index.json not generated yet (tools/build_profile_index.py)")
     local = json.loads(index.read_text())["profiles"]["local"]
     assert pull(str(node), tmp_path / "dest").returncode == 0
     env = {k: v for k, v in os.environ.items() if k != "RGT_PROFILE_INDEX"}  # default lookup next to scripts/

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import REPO
 
-NODE_SIDE = ["scripts/node_probe.py", "scripts/deadman.py", "scripts/run_status.py",
-             "scripts/build_pull_manifest.py", "scripts/fetch_resumable.py", "examples/train_resumable.py"]
+NODE_SIDE = ["scripts/node/node_probe.py", "scripts/node/deadman.py", "scripts/node/run_status.py",
+             "scripts/node/build_pull_manifest.py", "scripts/node/fetch_resumable.py", "examples/train_resumable.py"]
 STDLIB_ONLY_EXCEPT = {"torch", "numpy"}  # the example imports these lazily, only when installed
 
 
@@ -61,14 +61,14 @@ def test_manifest_and_status_work_on_python_38(tmp_path):
     root = tmp_path / "results"
     (root / "ckpt").mkdir(parents=True)
     (root / "ckpt" / "a.pt").write_bytes(os.urandom(1000))
-    res = subprocess.run([exe, str(REPO / "scripts/build_pull_manifest.py"), "--root", str(root),
+    res = subprocess.run([exe, str(REPO / "scripts/node/build_pull_manifest.py"), "--root", str(root),
                           "--roster", "ckpt/*", "--run-id", "r38", "--json"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["file_count"] == 1
     run = tmp_path / "run"
     run.mkdir()
     (run / "status.json").write_text(json.dumps({"run_id": "r38", "state": "succeeded", "exit_code": 0}))
-    res = subprocess.run([exe, str(REPO / "scripts/run_status.py"), str(run), "--json", "--no-gpu"],
+    res = subprocess.run([exe, str(REPO / "scripts/node/run_status.py"), str(run), "--json", "--no-gpu"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and json.loads(res.stdout)["status"] == "succeeded", res.stderr
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS
+from conftest import NODE, SCRIPTS, TOOLS
 
 
 def reconcile(*args):

@@ -1,4 +1,4 @@
-"""Fault drills for scripts/run_one.sh: real bash, tmux, setsid, signals, files and the real dead-man.
+"""Fault drills for scripts/node/run_one.sh: real bash, tmux, setsid, signals, files and the real dead-man.
 
 Each test builds a throw-away profile index (RGT_PROFILE_INDEX) whose METER_STOP_CMD is a stand-in
 script that appends a line to a file, so a firing dead-man is visible and harmless.
@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from conftest import SCRIPTS, need
+from conftest import NODE, SCRIPTS, TOOLS, need
 
-RUN_ONE = str(SCRIPTS / "run_one.sh")
-DEADMAN = str(SCRIPTS / "deadman.py")
+RUN_ONE = str(NODE / "run_one.sh")
+DEADMAN = str(NODE / "deadman.py")
 TERMINAL = ("succeeded", "failed", "sync_failed")
 
 # The job: records what it saw at start, optionally writes outputs, sleeps, exits with a code.

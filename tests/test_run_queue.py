@@ -1,4 +1,4 @@
-"""scripts/run_queue.sh: a failing middle cell, resume after kill -9 of the whole queue, the guard
+"""scripts/node/run_queue.sh: a failing middle cell, resume after kill -9 of the whole queue, the guard
 against running an orphaned cell twice, SIGTERM forwarding, the disk gate, dry-run, usage, shellcheck."""
 import hashlib
 import json
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SCRIPTS, need
+from conftest import NODE, REPO, SCRIPTS, TOOLS, need
 
-QUEUE = SCRIPTS / "run_queue.sh"
+QUEUE = NODE / "run_queue.sh"
 TRAIN = REPO / "examples" / "train_resumable.py"
 
 

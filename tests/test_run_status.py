@@ -1,4 +1,4 @@
-"""scripts/run_status.py: every state from a run dir built by hand (live and dead processes are real),
+"""scripts/node/run_status.py: every state from a run dir built by hand (live and dead processes are real),
 exit codes per the contract, --json fields, --watch, and the usage errors."""
 import json
 import os
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS
+from conftest import NODE, SCRIPTS, TOOLS
 
-STATUS = SCRIPTS / "run_status.py"
+STATUS = NODE / "run_status.py"
 
 
 def iso(ts):

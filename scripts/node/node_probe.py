@@ -102,7 +102,7 @@ def profile_index_candidates():
     env = os.environ.get("RGT_PROFILE_INDEX")
     if env:
         return [env]
-    return [os.path.join(here, "..", "profiles", "index.json"), os.path.join(here, "index.json")]
+    return [os.path.join(here, "..", "..", "profiles", "index.json"), os.path.join(here, "index.json")]
 
 
 def load_profile(name):

@@ -3,9 +3,9 @@
 # node behind the GFW (or any box where huggingface.co / pypi.org are slow). SOURCE it; it only exports.
 #
 # Usage:
-#   . scripts/setup-china-mirrors.sh            # in bash: export the settings into THIS shell
-#   . scripts/setup-china-mirrors.sh --check    # ...then test that the endpoints answer
-#   bash scripts/setup-china-mirrors.sh --check # executed: apply in a child shell and test only
+#   . scripts/node/setup-china-mirrors.sh            # in bash: export the settings into THIS shell
+#   . scripts/node/setup-china-mirrors.sh --check    # ...then test that the endpoints answer
+#   bash scripts/node/setup-china-mirrors.sh --check # executed: apply in a child shell and test only
 #   Quiet: pass --quiet, or set RGT_QUIET=1. Pick the pip mirror with RGT_PIP_MIRROR=tuna|aliyun|ustc.
 #
 # What it sets — each one ONLY when it is not already set, so sourcing twice changes nothing more and a

@@ -403,8 +403,8 @@ PROFILE=${PROFILE:-${RGT_PROFILE:-}}
 INDEX=""
 if [ -n "${RGT_PROFILE_INDEX:-}" ]; then
   INDEX=$RGT_PROFILE_INDEX
-elif [ -f "$SCRIPT_DIR/../profiles/index.json" ]; then
-  INDEX=$(cd "$SCRIPT_DIR/../profiles" && pwd)/index.json
+elif [ -f "$SCRIPT_DIR/../../profiles/index.json" ]; then
+  INDEX=$(cd "$SCRIPT_DIR/../../profiles" && pwd)/index.json
 elif [ -f "$SCRIPT_DIR/index.json" ]; then
   INDEX="$SCRIPT_DIR/index.json"
 fi

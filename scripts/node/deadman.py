@@ -2,7 +2,7 @@
 """On-node dead-man switch: stop the meter when nobody is looking after the run.
 
 Runs ON THE GPU NODE, detached from any SSH session, and watches one run directory
-(the layout scripts/run_one.sh creates). It fires when
+(the layout scripts/node/run_one.sh creates). It fires when
 
   job_ended  the job is over (status.json says succeeded/failed/sync_failed, or the job
              and its supervisor are gone) and nobody acknowledged it within --grace-minutes;
@@ -285,7 +285,7 @@ def find_index():
     env = os.environ.get("RGT_PROFILE_INDEX")
     if env:
         return env if os.path.isfile(env) else None
-    for cand in (os.path.join(script_dir(), "..", "profiles", "index.json"),
+    for cand in (os.path.join(script_dir(), "..", "..", "profiles", "index.json"),
                  os.path.join(script_dir(), "index.json")):
         if os.path.isfile(cand):
             return os.path.abspath(cand)

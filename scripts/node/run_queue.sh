@@ -41,8 +41,8 @@
 # else <cell dir>/heartbeat.json).
 #
 # Detach the queue itself, not its cells: e.g.
-#   scripts/run_one.sh --run-id sweep-1 -- bash scripts/run_queue.sh sweep.txt
-#   tmux new -d -s q1 'bash scripts/run_queue.sh sweep.txt'
+#   scripts/node/run_one.sh --run-id sweep-1 -- bash scripts/node/run_queue.sh sweep.txt
+#   tmux new -d -s q1 'bash scripts/node/run_queue.sh sweep.txt'
 # SIGTERM/SIGINT/SIGHUP: forwarded to the running cell (SIGTERM), which is then recorded as
 # interrupted; the pass writes its summary and exits 128+signal.
 #

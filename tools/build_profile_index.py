@@ -15,9 +15,9 @@ frontmatter of every ``profiles/*.md`` (except README.md and files starting with
 Files whose content would not change are left untouched.
 
 Usage:
-  python3 scripts/build_profile_index.py            # regenerate index + tables
-  python3 scripts/build_profile_index.py --check    # write nothing; exit 1 if anything is stale
-  python3 scripts/build_profile_index.py --root /tmp/copy --json
+  python3 tools/build_profile_index.py            # regenerate index + tables
+  python3 tools/build_profile_index.py --check    # write nothing; exit 1 if anything is stale
+  python3 tools/build_profile_index.py --root /tmp/copy --json
 
 Exit codes:
   0  everything valid (and written, or already fresh under --check)
@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-GENERATED_BY = "scripts/build_profile_index.py"
+GENERATED_BY = "tools/build_profile_index.py"
 SCHEMA_VERSION = 1
 BEGIN = "<!-- BEGIN GENERATED: platform-table -->"
 END = "<!-- END GENERATED: platform-table -->"
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     report["stale"] = [name for name, _, _ in stale]
     if args.check:
         for name, _, _ in stale:
-            _say(f"STALE {name}: regenerate with python3 scripts/build_profile_index.py")
+            _say(f"STALE {name}: regenerate with python3 tools/build_profile_index.py")
         if stale:
             return finish(1)
         _say(f"OK {len(profiles)} profiles valid; index and tables are fresh")

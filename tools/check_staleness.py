@@ -6,9 +6,9 @@ and "verified YYYY-MM" next to a source in profile and reference bodies. Prices,
 grace windows change; this lists the stamps older than --max-age-months so someone re-checks them.
 
 Usage:
-  python3 scripts/check_staleness.py                      # stamps older than 6 months
-  python3 scripts/check_staleness.py --max-age-months 3 --json
-  python3 scripts/check_staleness.py --strict             # exit 1 when anything is stale (for a CI job)
+  python3 tools/check_staleness.py                      # stamps older than 6 months
+  python3 tools/check_staleness.py --max-age-months 3 --json
+  python3 tools/check_staleness.py --strict             # exit 1 when anything is stale (for a CI job)
 
 Exit codes: 0 nothing stale, or stale stamps listed without --strict; 1 --strict and something is stale
 or a stamp lies in the future; 2 usage or bad input.

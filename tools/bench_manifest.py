@@ -30,7 +30,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BUILD = os.path.join(HERE, "build_pull_manifest.py")
+NODE = os.path.join(HERE, "..", "scripts", "node")
+LAPTOP = os.path.join(HERE, "..", "scripts")
+BUILD = os.path.join(NODE, "build_pull_manifest.py")
 VERIFY_SNIPPET = (
     "import json, sys; sys.path.insert(0, sys.argv[1]); import pull_verified as pv\n"
     "m = json.load(open(sys.argv[2]))\n"
@@ -151,7 +153,7 @@ def main() -> int:
         subprocess.run(builder(big_dir, "model.bin", 1), check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         os.replace(out, large_manifest)
-        results["verify large"] = (best_of(args.repeat, [py, "-c", VERIFY_SNIPPET, HERE, large_manifest, big_dir,
+        results["verify large"] = (best_of(args.repeat, [py, "-c", VERIFY_SNIPPET, LAPTOP, large_manifest, big_dir,
                                                           str(args.jobs)]), big_bytes)
 
         loop = 'for f in "$@"; do sha256sum "$f"; done'
@@ -165,7 +167,7 @@ def main() -> int:
         subprocess.run(builder(small_dir, "**", 1), check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         os.replace(out, small_manifest)
-        results["verify small"] = (best_of(args.repeat, [py, "-c", VERIFY_SNIPPET, HERE, small_manifest, small_dir,
+        results["verify small"] = (best_of(args.repeat, [py, "-c", VERIFY_SNIPPET, LAPTOP, small_manifest, small_dir,
                                                           str(args.jobs)]), small_bytes)
     except RuntimeError as exc:
         print(f"bench_manifest: {exc}", file=sys.stderr)

@@ -1,0 +1,673 @@
+"""rgt_core: the one shared core of the node toolkit (Python 3.8+, standard library only).
+
+Every node script imports this file as a sibling (`import rgt_core as core`); the laptop tools
+import it from scripts/node/. Each safety rule that guards money or data lives here once:
+
+  atomic_write / atomic_write_json   temp file, fsync, rename, directory fsync; temp removed on
+                                     failure; refuses to replace anything that is not a regular
+                                     file (a device, a FIFO, a symlink); "-" means stdout
+  process_identity / pid_alive       pid + start time + boot id, so a reused pid is not "alive"
+  sha256_file                        streamed SHA-256 that notices a file changing under it
+  profile_index_path / load_profile  the profile index lookup (one search order, one error)
+  disk_check / disk_gate             free bytes AND inodes, plus a write probe, one inode floor
+  progress_age / is_stalled          the stall rule (one default, read from the dead-man's config)
+  run_bounded                        an external command with a hard timeout that holds even when
+                                     the command leaves detached children holding its output
+  Parser / run_main / die            one-line errors with one prefix and the exit-code contract
+  check_toolkit / toolkit_version    the node folder's version stamp (VERSION.json)
+
+Exit codes shared by every script: 0 OK, 1 a check failed, 2 usage or bad input, 3 a gate refused.
+"""
+import argparse
+import errno
+import hashlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+if sys.version_info < (3, 8):  # Ubuntu 18.04 images still ship 3.6: say so instead of a traceback
+    sys.stderr.write("error: the node toolkit needs Python 3.8+, this is %d.%d\n" % sys.version_info[:2])
+    sys.exit(2)
+
+NODE_DIR = os.path.dirname(os.path.abspath(__file__))
+STAMP_NAME = "VERSION.json"
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+# The one status vocabulary. Check results use the first row; run states the second.
+OK, FAIL, REFUSED, STALE, WARN, SKIP = "OK", "FAIL", "REFUSED", "STALE", "WARN", "SKIP"
+RUN_STATES = ("starting", "running", "stalled", "syncing", "succeeded", "failed", "sync_failed",
+              "deadman_fired")
+
+DEFAULT_MIN_FREE_INODES = 10000
+DEFAULT_STALL_MINUTES = 30.0
+HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
+
+
+class UsageError(Exception):
+    """Bad flags or bad input: exit 2."""
+
+
+class Refused(Exception):
+    """A gate refused: exit 3."""
+
+
+class CheckFailed(Exception):
+    """A check failed: exit 1."""
+
+
+# ---------------------------------------------------------------- errors, output, main
+
+def prog_name():
+    return os.path.basename(sys.argv[0]) or "rgt"
+
+
+def say_error(message, prog=None):
+    """The one error line: '<prog>: error: <message>' on stderr, newlines folded."""
+    text = " ".join(str(message).split("\n"))
+    sys.stderr.write("%s: error: %s\n" % (prog or prog_name(), text))
+
+
+def die(message, code=EXIT_USAGE, prog=None):
+    say_error(message, prog)
+    sys.exit(code)
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit 2, never the whole usage block."""
+
+    def error(self, message):
+        raise UsageError("%s (see --help)" % message)
+
+
+def run_main(main, argv=None, prog=None):
+    """Run main(argv) -> int with the shared exit-code contract; never lets a traceback out.
+
+    RGT_DEBUG=1 re-raises unexpected exceptions (for developers)."""
+    try:
+        return int(main(argv) or 0)
+    except UsageError as exc:
+        say_error(exc, prog)
+        return EXIT_USAGE
+    except Refused as exc:
+        say_error("REFUSED: %s" % exc, prog)
+        return EXIT_REFUSED
+    except CheckFailed as exc:
+        say_error(exc, prog)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        say_error("interrupted", prog)
+        return 130
+    except BrokenPipeError:
+        return EXIT_FAIL
+    except Exception as exc:  # the contract: one line, not a traceback
+        if os.environ.get("RGT_DEBUG") == "1":
+            raise
+        say_error("unexpected %s: %s (RGT_DEBUG=1 shows the traceback)" % (type(exc).__name__, exc), prog)
+        return EXIT_FAIL
+
+
+def dumps(obj):
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def emit_json(obj, stream=None):
+    """Machine-readable output: sorted keys, two-space indent, one trailing newline."""
+    (stream or sys.stdout).write(dumps(obj))
+    (stream or sys.stdout).flush()
+
+
+def utc_iso(ts=None):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+
+
+def parse_iso(text):
+    """'YYYY-MM-DDTHH:MM:SSZ' (or with fractional seconds / +00:00) -> epoch seconds, or None."""
+    if not isinstance(text, str) or len(text) < 19:
+        return None
+    import calendar
+    try:
+        return float(calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def human_bytes(count):
+    count = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return "%d %s" % (count, unit) if unit == "B" else "%.1f %s" % (count, unit)
+        count /= 1024.0
+    return "%.1f TiB" % count
+
+
+def human_age(seconds):
+    if seconds is None:
+        return "n/a"
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return "%ds" % seconds
+    if seconds < 7200:
+        return "%dm" % (seconds // 60)
+    if seconds < 172800:
+        return "%.1fh" % (seconds / 3600.0)
+    return "%.1fd" % (seconds / 86400.0)
+
+
+class Progress(object):
+    """Byte meter on stderr: a live line on a TTY, a line every 15 s otherwise (thread-safe)."""
+
+    def __init__(self, label, total=0, enabled=True):
+        self.label, self.total, self.done = label, total, 0
+        self.lock = threading.Lock()
+        self.tty = sys.stderr.isatty()
+        self.enabled = enabled
+        self.start = self.last = time.monotonic()
+        self.interval = 0.25 if self.tty else 15.0
+        self.printed = False
+
+    def add(self, count):
+        with self.lock:
+            self.done += count
+            now = time.monotonic()
+            if self.enabled and now - self.last >= self.interval and now - self.start >= 1.0:
+                self.last = now
+                rate = self.done / max(now - self.start, 1e-9)
+                line = "%s: %s/%s, %s/s" % (self.label, human_bytes(self.done), human_bytes(self.total),
+                                             human_bytes(rate))
+                sys.stderr.write(("\r" + line + "\x1b[K") if self.tty else (line + "\n"))
+                sys.stderr.flush()
+                self.printed = True
+
+    def close(self):
+        if self.printed and self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- atomic writes
+
+def fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def check_replaceable(path):
+    """Raise UsageError unless PATH is absent or a regular file (never clobber /dev/null or a link)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError("cannot use %s: %s" % (path, exc.strerror or exc))
+    if stat.S_ISLNK(st.st_mode):
+        raise UsageError("refusing to replace %s: it is a symlink (give the real path, or '-' for stdout)" % path)
+    if stat.S_ISDIR(st.st_mode):
+        raise UsageError("%s is a directory; give a file path" % path)
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError("refusing to replace %s: it is a device, FIFO or socket, not a regular file "
+                         "(use '-' for stdout)" % path)
+
+
+def atomic_write(path, data, mode=None):
+    """Write bytes or text to PATH so a reader sees the old or the new content, never a torn one.
+
+    Temp file beside the target, fsync, rename, fsync of the directory; the temp file is removed on
+    any failure. "-" writes to stdout. An existing non-regular target is refused (UsageError)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if path == "-":
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:
+            sys.stdout.write(data.decode("utf-8"))
+        else:
+            out.write(data)
+        sys.stdout.flush()
+        return
+    check_replaceable(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path)[:100], suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if mode is None:
+            try:
+                mode = stat.S_IMODE(os.stat(path).st_mode)
+            except OSError:
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(folder)
+
+
+def atomic_write_json(path, obj):
+    atomic_write(path, dumps(obj))
+
+
+def read_json(path, default=None):
+    """A JSON object from PATH; DEFAULT (None -> {}) when missing, unreadable, invalid or not an object."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            obj = json.load(handle)
+    except (OSError, ValueError):
+        return {} if default is None else default
+    return obj if isinstance(obj, dict) else ({} if default is None else default)
+
+
+def load_json_strict(path, what="file"):
+    """A JSON object from PATH or UsageError saying exactly what is wrong."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise UsageError("cannot read %s %s: %s" % (what, path, exc.strerror or exc))
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UsageError("%s %s is not valid JSON: %s" % (what, path, exc))
+    if not isinstance(obj, dict):
+        raise UsageError("%s %s is not a JSON object" % (what, path))
+    return obj
+
+
+def update_json(path, **fields):
+    """Read-modify-write one JSON state file atomically, stamping updated_at."""
+    doc = read_json(path)
+    doc.update(fields)
+    doc["updated_at"] = utc_iso()
+    atomic_write_json(path, doc)
+    return doc
+
+
+# ---------------------------------------------------------------- processes
+
+def _pid(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value > 0 else None
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+        return number if number > 0 else None
+    return None
+
+
+def _proc_stat(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def process_identity(pid=None):
+    """{"pid", "start_ticks", "boot_id"} for PID (default: this process); start/boot None off Linux."""
+    pid = os.getpid() if pid is None else _pid(pid)
+    fields = _proc_stat(pid) if pid else None
+    start = int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+    return {"pid": pid, "start_ticks": start, "boot_id": boot_id()}
+
+
+def pid_alive(pid, start_ticks=None, boot=None):
+    """True when PID runs and is not a zombie, and (when given) is the same process that was recorded:
+    same start time and same boot. A pid reused after a restart is therefore not alive."""
+    pid = _pid(pid)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    except OSError:
+        return False
+    if boot and boot_id() and boot != boot_id():
+        return False
+    fields = _proc_stat(pid)
+    if fields is None:
+        return True  # no /proc (macOS laptop): kill(0) is all we know
+    if fields[0] in ("Z", "X"):
+        return False
+    if start_ticks is not None and len(fields) > 19 and fields[19].isdigit() and int(fields[19]) != int(start_ticks):
+        return False
+    return True
+
+
+def identity_alive(ident):
+    """pid_alive for a recorded identity dict (or a bare pid)."""
+    if isinstance(ident, dict):
+        return pid_alive(ident.get("pid"), ident.get("start_ticks"), ident.get("boot_id"))
+    return pid_alive(ident)
+
+
+def group_alive(pgid):
+    """True while any process of process group PGID exists (zombies aside)."""
+    pgid = _pid(pgid)
+    if pgid is None:
+        return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    try:  # killpg(0) also succeeds for a group of zombies only; look closer where /proc exists
+        names = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in names:
+        if name.isdigit():
+            fields = _proc_stat(int(name))
+            if fields and len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+class Bounded(object):
+    """Result of run_bounded: rc (None when killed), timed_out, output (text), seconds."""
+
+    def __init__(self, rc, timed_out, output, seconds, error=None):
+        self.rc, self.timed_out, self.output, self.seconds, self.error = rc, timed_out, output, seconds, error
+
+    def as_dict(self):
+        return {"rc": self.rc, "timed_out": self.timed_out, "seconds": round(self.seconds, 2),
+                "output": self.output, "error": self.error}
+
+
+def run_bounded(argv, timeout, env=None, cwd=None, max_output=65536, kill_grace=2.0):
+    """Run ARGV with a hard TIMEOUT (monotonic) that holds even when it leaves children behind.
+
+    The command gets its own session; its output goes to a temp file, not a pipe, so a detached
+    grandchild that keeps the descriptor open cannot make us wait. On timeout the whole process
+    group gets SIGTERM, then SIGKILL after KILL_GRACE seconds."""
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=env, cwd=cwd, start_new_session=True)
+        except OSError as exc:
+            rc = 127 if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC) else 126
+            return Bounded(rc, False, "", time.monotonic() - start, "cannot run %s: %s" % (argv[0], exc.strerror))
+        timed_out = False
+        try:
+            proc.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for sig, pause in ((signal.SIGTERM, kill_grace), (signal.SIGKILL, 1.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except OSError:
+                    pass
+                try:
+                    proc.wait(timeout=pause)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        seconds = time.monotonic() - start
+        out.seek(0)
+        text = out.read(max_output).decode("utf-8", "replace")
+    return Bounded(None if timed_out else proc.returncode, timed_out, text, seconds)
+
+
+# ---------------------------------------------------------------- hashing
+
+_local = threading.local()
+
+
+def sha256_file(path, bufsize=1 << 20, on_bytes=None):
+    """Stream one regular file through SHA-256 -> (size, hexdigest).
+
+    Does not follow a final symlink; raises OSError, or ValueError when the file is not regular or
+    changed (size or mtime) while it was read."""
+    view = getattr(_local, "view", None)
+    if view is None or len(view) != bufsize:
+        view = _local.view = memoryview(bytearray(bufsize))
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise ValueError("not a regular file")
+        if hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except OSError:
+                pass
+        total = 0
+        with open(fd, "rb", buffering=0, closefd=False) as handle:
+            while True:
+                count = handle.readinto(view)
+                if not count:
+                    break
+                digest.update(view[:count])
+                total += count
+                if on_bytes is not None:
+                    on_bytes(count)
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if total != after.st_size or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+        raise ValueError("file changed while it was being read (is something still writing it?)")
+    return total, digest.hexdigest()
+
+
+# ---------------------------------------------------------------- profiles
+
+def profile_index_path():
+    """The profile index: $RGT_PROFILE_INDEX when set (that file or nothing), else index.json beside
+    this core (the pushed node folder), else the repo's profiles/index.json. None when none exists."""
+    env = os.environ.get("RGT_PROFILE_INDEX")
+    if env:
+        return env if os.path.isfile(env) else None
+    for cand in (os.path.join(NODE_DIR, "index.json"),
+                 os.path.join(NODE_DIR, "..", "..", "profiles", "index.json")):
+        if os.path.isfile(cand):
+            return os.path.normpath(cand)
+    return None
+
+
+def load_profile(name):
+    """The profile NAME from the index, or UsageError with one clear reason."""
+    if not isinstance(name, str) or not name.strip():
+        raise UsageError("--profile is empty")
+    path = profile_index_path()
+    if path is None:
+        raise UsageError("profile %r asked for but no profile index found (set RGT_PROFILE_INDEX, or push "
+                         "profiles/index.json with the node folder)" % name)
+    index = load_json_strict(path, "profile index")
+    profiles = index.get("profiles")
+    if not isinstance(profiles, dict):
+        raise UsageError("%s is not a profile index (no \"profiles\" object)" % path)
+    if name not in profiles:
+        raise UsageError("profile %r is not in %s (known: %s)" % (name, path, ", ".join(sorted(profiles)) or "none"))
+    prof = profiles[name]
+    if not isinstance(prof, dict) or not isinstance(prof.get("defaults", {}), dict):
+        raise UsageError("profile %r in %s is malformed (not an object, or its defaults are not one)" % (name, path))
+    return prof
+
+
+def profile_defaults(name):
+    """Scalar defaults of profile NAME as strings ('~/' expanded; booleans as true/false)."""
+    out = {}
+    for key, value in sorted((load_profile(name).get("defaults") or {}).items()):
+        if value is None or isinstance(value, (dict, list)):
+            continue
+        value = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        out[key] = os.path.expanduser(value) if value.startswith("~/") else value
+    return out
+
+
+# ---------------------------------------------------------------- disk gate
+
+def nearest_existing(path):
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    return probe
+
+
+def disk_check(path):
+    """Free bytes and inodes of the filesystem holding PATH (or its nearest existing parent)."""
+    probe = nearest_existing(path)
+    st = os.statvfs(probe)
+    free = st.f_bavail * st.f_frsize
+    return {"path": path, "measured_at": probe, "dev": os.stat(probe).st_dev,
+            "free_bytes": free, "free_gib": round(free / float(1 << 30), 2),
+            "total_bytes": st.f_blocks * st.f_frsize,
+            "free_inodes": st.f_favail if st.f_files > 0 else None}
+
+
+def write_probe(folder):
+    """None when a file can be created and removed in FOLDER (created if missing), else the reason."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".rgt-write-probe.", dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
+        return None
+    except OSError as exc:
+        return "%s is not writable: %s" % (folder, exc.strerror or exc)
+
+
+def disk_gate(paths, min_free_gb, min_free_inodes=DEFAULT_MIN_FREE_INODES, writable=()):
+    """Check each distinct filesystem of PATHS against the floors, and each WRITABLE dir with a probe.
+
+    Returns (ok, checks): one dict per filesystem / probe with a status word and a line to print."""
+    checks, seen, ok = [], set(), True
+    for path in paths:
+        if not path:
+            continue
+        try:
+            info = disk_check(path)
+        except OSError as exc:
+            checks.append({"status": FAIL, "path": path, "line": "cannot measure %s: %s" % (path, exc.strerror)})
+            ok = False
+            continue
+        if info["dev"] in seen:
+            continue
+        seen.add(info["dev"])
+        low_bytes = info["free_gib"] < float(min_free_gb)
+        low_inodes = info["free_inodes"] is not None and info["free_inodes"] < int(min_free_inodes)
+        info["status"] = REFUSED if (low_bytes or low_inodes) else OK
+        info["line"] = "%s disk %s: %.1f GiB free (floor %g), %s" % (
+            info["status"], info["measured_at"], info["free_gib"], float(min_free_gb),
+            "inodes not reported" if info["free_inodes"] is None
+            else "%d free inodes (floor %d)" % (info["free_inodes"], int(min_free_inodes)))
+        ok = ok and info["status"] == OK
+        checks.append(info)
+    for folder in writable:
+        reason = write_probe(folder)
+        checks.append({"status": REFUSED if reason else OK, "path": folder,
+                       "line": ("REFUSED %s" % reason) if reason else "OK %s is writable" % folder})
+        ok = ok and reason is None
+    return ok, checks
+
+
+# ---------------------------------------------------------------- the stall rule
+
+def progress_age(run_dir, now=None):
+    """Seconds since the run last showed progress: the newest mtime of heartbeat.json and job.log."""
+    stamps = []
+    for name in HEARTBEAT_NAMES:
+        try:
+            stamps.append(os.stat(os.path.join(run_dir, name)).st_mtime)
+        except OSError:
+            pass
+    if not stamps:
+        return None
+    return max(0.0, (time.time() if now is None else now) - max(stamps))
+
+
+def stall_minutes_for(run_dir, override=None):
+    """The stall limit for a run: OVERRIDE, else what its dead-man was armed with, else the default.
+    0 means "never stalled" (the dead-man was armed with the stall rule off)."""
+    if override is not None:
+        return float(override)
+    config = read_json(os.path.join(run_dir, "deadman.json")).get("config")
+    value = config.get("stall_minutes") if isinstance(config, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return DEFAULT_STALL_MINUTES
+
+
+def is_stalled(age_seconds, stall_minutes):
+    return bool(stall_minutes) and age_seconds is not None and age_seconds > float(stall_minutes) * 60.0
+
+
+# ---------------------------------------------------------------- the version stamp
+
+def file_sha256(path):
+    return sha256_file(path)[1]
+
+
+def read_stamp(folder=NODE_DIR):
+    return read_json(os.path.join(folder, STAMP_NAME))
+
+
+def toolkit_version(folder=NODE_DIR):
+    version = read_stamp(folder).get("version")
+    return version if isinstance(version, str) else None
+
+
+def toolkit_problems(folder=NODE_DIR):
+    """Why the files in FOLDER are not the one version VERSION.json names ([] when they are)."""
+    stamp = read_stamp(folder)
+    files = stamp.get("files")
+    if not isinstance(files, dict) or not files:
+        return ["%s is missing or unreadable beside the toolkit" % STAMP_NAME]
+    problems = []
+    for name, want in sorted(files.items()):
+        try:
+            have = file_sha256(os.path.join(folder, name))
+        except (OSError, ValueError):
+            problems.append("%s is missing" % name)
+            continue
+        if have != want:
+            problems.append("%s is not the stamped version" % name)
+    return problems
+
+
+def check_toolkit():
+    """Refuse (exit 3) to run beside a different version of the core: the node folder must be one
+    version, as stamped in VERSION.json by tools/stamp_node.py. RGT_SKIP_VERSION_CHECK=1 skips it."""
+    if os.environ.get("RGT_SKIP_VERSION_CHECK") == "1":
+        return
+    problems = toolkit_problems()
+    if problems:
+        die("REFUSED: the node toolkit in %s is not one version (%s); push the whole scripts/node folder "
+            "again (maintainers: python3 tools/stamp_node.py)" % (NODE_DIR, "; ".join(problems[:3])),
+            EXIT_REFUSED)
