@@ -264,7 +264,9 @@ def check_secrets(root: Path):
 def script_options(path: Path):
     """Every long option a script's --help mentions (for deadman.py, its subcommands' too)."""
     import sys
-    runs = [[], ["arm"], ["ack"], ["status"]] if path.name == "deadman.py" else [[]]
+    subcommands = {"deadman.py": ["arm", "ack", "status"],
+                   "rgt.py": ["push", "probe", "launch", "status", "logs", "ack", "pull", "gate", "ledger"]}
+    runs = [[]] + [[s] for s in subcommands.get(path.name, [])]
     text = ""
     for sub in runs:
         cmd = ([sys.executable, str(path)] if path.suffix == ".py" else ["bash", str(path)]) + sub + ["--help"]

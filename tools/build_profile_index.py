@@ -28,8 +28,10 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "node"))
+import rgt_core as core  # noqa: E402  (the one atomic write)
 
 GENERATED_BY = "tools/build_profile_index.py"
 SCHEMA_VERSION = 1
@@ -38,6 +40,9 @@ END = "<!-- END GENERATED: platform-table -->"
 TABLE_FILES = ("SKILL.md", "README.md")
 HEADER = ("| Platform | Stop the meter | What that destroys | Still billing when paused | Checked |\n"
           "|---|---|---|---|---|\n")
+# SKILL.md has a character budget: its table leaves out what the stop destroys (the teardown gate prints
+# it, the profile's section 5 explains it) and the month checked.
+COMPACT_HEADER = "| Platform | Stop the meter | Still billing when paused |\n|---|---|---|\n"
 
 
 class UsageError(Exception):
@@ -147,17 +152,22 @@ def _cell(value) -> str:
     return text.replace("|", "\\|")
 
 
-def render_table(profiles) -> str:
+def render_table(profiles, compact=False) -> str:
     order = sorted(profiles, key=lambda pid: (pid != "local", pid))
     rows = []
     for pid in order:
         p = profiles[pid]
         b = p.get("billing") or {}
+        if compact:
+            rows.append("| [{}](profiles/{}.md) | {} | {} |\n".format(
+                _cell(p.get("title", pid)), pid, _cell(b.get("meter_stop_action", "?")),
+                _cell(b.get("keeps_billing_when_paused", "?"))))
+            continue
         rows.append("| [{}](profiles/{}.md) | {} | {} | {} | {} |\n".format(
             _cell(p.get("title", pid)), pid, _cell(b.get("meter_stop_action", "?")),
             _cell(b.get("meter_stop_destroys", "?")), _cell(b.get("keeps_billing_when_paused", "?")),
             _cell(str(p.get("verified", "?")))))
-    return HEADER + "".join(rows)
+    return (COMPACT_HEADER if compact else HEADER) + "".join(rows)
 
 
 def splice(text: str, table: str, name: str) -> str:
@@ -174,43 +184,17 @@ def splice(text: str, table: str, name: str) -> str:
     return "".join(head) + table + "".join(lines[e:])
 
 
-def atomic_write(path: Path, content: str) -> None:
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(content)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename durable too
-        dfd = os.open(str(path.parent), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 def plan(root: Path, profiles):
     """Return [(relative name, path, new content)] for every generated file."""
     out = [("profiles/index.json", root / "profiles" / "index.json", render_index(profiles))]
-    table = render_table(profiles)
     for name in TABLE_FILES:
+        table = render_table(profiles, compact=name == "SKILL.md")
         path = root / name
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             raise UsageError(f"{name} not found under {root}; it must carry the platform-table markers") from None
-        out.append((name, path, splice(text, table, name)))
+        out.append((name, path, splice(text, table, name)))  # noqa: B023
     return out
 
 
@@ -283,7 +267,7 @@ def main(argv=None) -> int:
         return finish(0)
     for name, path, new in stale:
         try:
-            atomic_write(path, new)
+            core.atomic_write(str(path), new)
         except OSError as exc:
             _say(f"ERROR cannot write {name}: {exc}")
             return finish(2)

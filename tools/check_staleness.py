@@ -9,6 +9,7 @@ Usage:
   python3 tools/check_staleness.py                      # stamps older than 6 months
   python3 tools/check_staleness.py --max-age-months 3 --json
   python3 tools/check_staleness.py --strict             # exit 1 when anything is stale (for a CI job)
+  python3 tools/check_staleness.py --root DIR --today 2027-01   # another checkout; pretend it is that month
 
 Exit codes: 0 nothing stale, or stale stamps listed without --strict; 1 --strict and something is stale
 or a stamp lies in the future; 2 usage or bad input.

@@ -1,0 +1,541 @@
+#!/usr/bin/env python3
+"""rgt: the laptop side of remote-gpu-trainer, one command per phase (Python 3.8+, stdlib only).
+
+Every command builds its ssh call from argv (each remote word quoted; "~/" kept for the node's
+shell to expand), so no user input is ever pasted into a shell string. HOST is an ssh alias or
+user@host; -p/-i/--ssh-config add the usual ssh options. Every push, launch, pull and gate is
+appended to a run ledger in the user's state dir, so `rgt.py ledger` can list what may still bill.
+
+Usage:
+  rgt.py [global options] push   HOST [--transport auto|rsync|tar]
+  rgt.py [global options] probe  HOST [--profile P] [-- NODE_PROBE_ARGS...]
+  rgt.py [global options] launch HOST --profile P --run-id RID [--cwd DIR] [--durable-dir DIR]
+                                 [--rate-per-hour X] [-- RUN_ONE_ARGS... --] -- CMD [ARGS...]
+  rgt.py [global options] status HOST RID [--rate-per-hour X]
+  rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
+  rgt.py [global options] ack    HOST RID (--postpone-minutes M | --disarm)
+  rgt.py [global options] pull   HOST RID [--dest DIR]
+  rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P]
+  rgt.py [global options] ledger [--all]
+
+Global options (before the command):
+  --json              machine-readable output (one JSON object on stdout)
+  -p, --port PORT     ssh port
+  -i, --identity KEY  ssh identity file
+  --ssh-config FILE   ssh client config (ssh -F)
+  --node-dir DIR      where the node toolkit lives on the node (default ~/rgt-bin)
+  --ledger FILE       the run ledger (default $XDG_STATE_HOME/remote-gpu-trainer/ledger.jsonl)
+
+launch: everything after the first `--` up to a second `--` goes to run_one.sh unchanged (for
+example --output 'ckpt/*' --stall-minutes 30 --max-hours 12 --require-gpu); the words after the
+last `--` are the job. With one `--` only, all of it is the job. The run dir is
+DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
+DURABLE_DIR/results/RID; later commands find both in the ledger.
+
+push: rsync when both ends have it, else a tar stream over ssh (--transport forces one). The
+node folder gets the toolkit plus profiles/index.json, then the node's copy of the core checks that
+every file matches the version stamp; the command prints the version the node now runs.
+
+Exit codes: 0 OK (status: the run succeeded); 1 a check failed; 2 usage or bad input; 3 a gate
+refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
+fired, ...); 255 ssh could not reach HOST.
+"""
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE_SRC = os.path.join(HERE, "node")
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, NODE_SRC)
+import rgt_core as core  # noqa: E402
+
+DEFAULT_NODE_DIR = "~/rgt-bin"
+SSH_UNREACHABLE = 255
+
+
+# ---------------------------------------------------------------- quoting and ssh
+
+def remote_word(word):
+    """Quote one word for the node's POSIX shell; a leading ~/ stays expandable."""
+    word = str(word)
+    if word == "~":
+        return '"$HOME"'
+    if word.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(word[2:])
+    return shlex.quote(word)
+
+
+def remote_command(*argvs, cwd=None):
+    """One shell line that runs each argv in turn (&&), optionally after mkdir -p + cd CWD."""
+    parts = []
+    if cwd:
+        parts += ["mkdir -p " + remote_word(cwd), "cd " + remote_word(cwd)]
+    parts += [" ".join(remote_word(w) for w in argv) for argv in argvs]
+    return " && ".join(parts)
+
+
+class Ssh(object):
+    def __init__(self, host, port=None, identity=None, config=None):
+        if not host or host.startswith("-") or any(c.isspace() for c in host):
+            raise core.UsageError("HOST %r is not an ssh alias or user@host" % host)
+        self.host = host
+        self.base = ["ssh"]
+        if config:
+            self.base += ["-F", config]
+        if port:
+            self.base += ["-p", str(port)]
+        if identity:
+            self.base += ["-i", identity]
+        self.base += ["-o", "BatchMode=yes"]
+
+    @property
+    def rsh(self):
+        """The same ssh as one string, for tools that take --rsh / rsync -e."""
+        return " ".join(shlex.quote(w) for w in self.base)
+
+    def argv(self, command):
+        return self.base + [self.host, command]
+
+    def run(self, command, timeout=600, stdin=None, capture=True):
+        try:
+            return subprocess.run(self.argv(command), input=stdin, timeout=timeout,
+                                  stdout=subprocess.PIPE if capture else None,
+                                  stderr=subprocess.PIPE if capture else None)
+        except FileNotFoundError:
+            raise core.UsageError("ssh is not installed on this machine")
+        except subprocess.TimeoutExpired:
+            raise core.CheckFailed("ssh %s timed out after %d s" % (self.host, timeout))
+
+
+def text(raw):
+    return (raw or b"").decode("utf-8", "replace")
+
+
+def checked(res, what):
+    if res.returncode == SSH_UNREACHABLE:
+        raise core.CheckFailed("ssh could not reach the node for %s: %s" % (what, text(res.stderr).strip()[-300:]))
+    return res
+
+
+# ---------------------------------------------------------------- the ledger
+
+def ledger_path(explicit=None):
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "remote-gpu-trainer", "ledger.jsonl")
+
+
+def ledger_append(path, **event):
+    """Append one event (a JSON line, fsynced): the ledger only ever grows."""
+    event["time"] = core.utc_iso()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(event, sort_keys=True) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ledger_events(path):
+    events = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line from a crash is skipped, never fatal
+                if isinstance(event, dict):
+                    events.append(event)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise core.UsageError("cannot read the ledger %s: %s" % (path, exc.strerror))
+    return events
+
+
+def ledger_runs(events):
+    """Fold events into one record per (host, run id), plus boxes pushed to with no run."""
+    runs, boxes = {}, {}
+    for event in events:
+        host = event.get("host")
+        boxes.setdefault(host, {"host": host, "last_seen": None})["last_seen"] = event.get("time")
+        rid = event.get("run_id")
+        if not rid:
+            continue
+        rec = runs.setdefault((host, rid), {"host": host, "run_id": rid, "gate": None})
+        for key in ("profile", "run_dir", "results_dir", "state", "dest"):
+            if event.get(key):
+                rec[key] = event[key]
+        if event.get("event") == "gate":
+            rec["gate"] = event.get("verdict")
+        rec["last_event"], rec["last_seen"] = event.get("event"), event.get("time")
+    return runs, boxes
+
+
+def known_run(args, rid):
+    runs, _ = ledger_runs(ledger_events(ledger_path(args.ledger)))
+    rec = runs.get((args.host, rid))
+    if rec is None or not rec.get("run_dir"):
+        raise core.UsageError("no launch of run %r on %s in the ledger %s (launch it with rgt.py, or pass "
+                              "--durable-dir)" % (rid, args.host, ledger_path(args.ledger)))
+    return rec
+
+
+def run_paths(args, rid, profile=None):
+    """(run_dir, results_dir, profile) on the node: from --durable-dir/profile, else the ledger."""
+    durable = getattr(args, "durable_dir", None)
+    if not durable and profile:
+        durable = core.profile_defaults(profile).get("DURABLE_DIR")
+        if durable and durable.startswith(os.path.expanduser("~") + os.sep):
+            durable = "~/" + durable[len(os.path.expanduser("~")) + 1:]  # the node's home, not ours
+    if durable:
+        durable = durable.rstrip("/")
+        return durable + "/runs/" + rid, durable + "/results/" + rid, profile
+    rec = known_run(args, rid)
+    return rec["run_dir"], rec.get("results_dir"), rec.get("profile") or profile
+
+
+def check_run_id(rid):
+    import re
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", rid or ""):
+        raise core.UsageError("run id %r: letters, digits, '.', '_' and '-' only (max 100)" % rid)
+    return rid
+
+
+# ---------------------------------------------------------------- push
+
+def tar_stream(files):
+    """The toolkit as an uncompressed tar in memory (a few hundred KB)."""
+    import io
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for local, name in files:
+            info = archive.gettarinfo(local, arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(local, "rb") as handle:
+                archive.addfile(info, handle)
+    return buf.getvalue()
+
+
+def toolkit_files():
+    files = [(os.path.join(NODE_SRC, n), n) for n in sorted(os.listdir(NODE_SRC))
+             if os.path.isfile(os.path.join(NODE_SRC, n)) and not n.startswith(".") and n != "index.json"]
+    index = core.profile_index_path() or os.path.join(REPO, "profiles", "index.json")
+    if os.path.isfile(index):
+        files.append((index, "index.json"))
+    return files
+
+
+def cmd_push(args, ssh):
+    if core.toolkit_problems(NODE_SRC):
+        raise core.Refused("this checkout's node toolkit is not one version: %s (run tools/stamp_node.py)"
+                           % "; ".join(core.toolkit_problems(NODE_SRC)[:3]))
+    files = toolkit_files()
+    node = args.node_dir
+    probe = checked(ssh.run(remote_command(["mkdir", "-p", node]) + " && command -v rsync >/dev/null 2>&1 && "
+                            "echo rsync || echo none", timeout=120), "push")
+    if probe.returncode != 0:
+        raise core.CheckFailed("cannot create %s on %s: %s" % (node, args.host, text(probe.stderr).strip()))
+    node_rsync = text(probe.stdout).strip().endswith("rsync")
+    transport = args.transport
+    if transport == "auto":
+        transport = "rsync" if node_rsync and shutil.which("rsync") else "tar"
+    if transport == "rsync":
+        if not shutil.which("rsync") or not node_rsync:
+            raise core.UsageError("--transport rsync: rsync is missing on %s" % ("this machine" if not
+                                  shutil.which("rsync") else "the node"))
+        target = node[2:] if node.startswith("~/") else node  # rsync resolves relative paths from $HOME
+        argv = ["rsync", "-a", "--chmod=u+rwX", "-e", ssh.rsh] + [f for f, _ in files[:-1]] + \
+               ["%s:%s/" % (args.host, target)]
+        res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+        if res.returncode == 0 and files[-1][1] == "index.json":
+            res = subprocess.run(["rsync", "-a", "-e", ssh.rsh, files[-1][0], "%s:%s/index.json" % (args.host, target)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    else:
+        res = ssh.run(remote_command(["tar", "-x", "-f", "-", "-C", node]), stdin=tar_stream(files), timeout=600)
+    if res.returncode != 0:
+        raise core.CheckFailed("push over %s failed: %s" % (transport, text(res.stderr).strip()[-300:]))
+    check = checked(ssh.run(remote_command(["python3", node + "/rgt_core.py", "--version"]), timeout=120), "push")
+    version = text(check.stdout).strip()
+    want = core.toolkit_version(NODE_SRC)
+    if check.returncode != 0 or version != want:
+        raise core.CheckFailed("the node's toolkit did not verify (version %r, want %r): %s"
+                               % (version, want, text(check.stderr).strip()[-300:]))
+    ledger_append(ledger_path(args.ledger), event="push", host=args.host, node_dir=node, version=version,
+                  transport=transport)
+    return report(args, {"ok": True, "host": args.host, "node_dir": node, "version": version,
+                         "transport": transport, "files": len(files)},
+                  "%s pushed the node toolkit %s to %s:%s over %s (%d files)"
+                  % (core.OK, version, args.host, node, transport, len(files)))
+
+
+# ---------------------------------------------------------------- probe, launch, status, logs, ack
+
+def node_tool(args, name):
+    return args.node_dir + "/" + name
+
+
+def cmd_probe(args, ssh):
+    argv = ["python3", node_tool(args, "node_probe.py")]
+    if args.profile:
+        argv += ["--profile", args.profile]
+    argv += args.rest + (["--json"] if args.json and "--json" not in args.rest else [])
+    res = checked(ssh.run(remote_command(argv)), "probe")
+    sys.stdout.write(text(res.stdout))
+    sys.stderr.write(text(res.stderr))
+    return res.returncode
+
+
+def split_launch(rest):
+    """[run_one options] -- CMD, or CMD alone, from what followed the first --."""
+    if "--" in rest:
+        cut = rest.index("--")
+        return rest[:cut], rest[cut + 1:]
+    return [], rest
+
+
+def cmd_launch(args, ssh):
+    rid = check_run_id(args.run_id)
+    run_dir, results_dir, profile = run_paths(args, rid, args.profile)
+    options, job = split_launch(args.rest)
+    if not job:
+        raise core.UsageError("no job command: rgt.py launch HOST --profile P --run-id RID -- CMD [ARGS...]")
+    argv = ["bash", node_tool(args, "run_one.sh"), "--profile", profile, "--run-id", rid, "--run-dir", run_dir]
+    if args.durable_dir:
+        argv += ["--durable-dir", args.durable_dir]
+    argv += options + ["--"] + job
+    res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
+    out, err = text(res.stdout), text(res.stderr)
+    ok = res.returncode == 0
+    ledger_append(ledger_path(args.ledger), event="launch", host=args.host, run_id=rid, profile=profile,
+                  run_dir=run_dir, results_dir=results_dir, state="launched" if ok else "launch_failed",
+                  rc=res.returncode)
+    fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
+              "watch": "python3 scripts/rgt.py status %s %s" % (args.host, rid), "eta": "unknown until the "
+              "first progress line (see status)", "cost_so_far": cost_line(args.rate_per_hour, 0.0),
+              "teardown": "NOT through the gate: the box may bill until you pull, gate and stop it",
+              "node_output": out.strip().splitlines()[-12:], "rc": res.returncode}
+    if not args.json:
+        sys.stderr.write(err)
+        sys.stdout.write(out)
+    human = "\n".join(["run id:     %s" % rid, "watch:      %s" % fields["watch"], "ETA:        %s" % fields["eta"],
+                       "cost:       %s" % fields["cost_so_far"], "teardown:   %s" % fields["teardown"]])
+    report(args, fields, human if ok else "%s launch of %s exited %d" % (core.FAIL, rid, res.returncode))
+    return res.returncode
+
+
+def cost_line(rate, hours):
+    if rate is None:
+        return "unknown (pass --rate-per-hour with the price the user pays; never guess one)"
+    return "%.2f so far at %.2f/h" % (rate * hours, rate)
+
+
+def cmd_status(args, ssh):
+    rid = check_run_id(args.run_id)
+    run_dir, _results, _profile = run_paths(args, rid)
+    argv = ["python3", node_tool(args, "run_status.py"), run_dir, "--json"]
+    if args.rate_per_hour is not None:
+        argv += ["--rate-per-hour", str(args.rate_per_hour)]
+    res = checked(ssh.run(remote_command(argv), timeout=120), "status")
+    try:
+        status = json.loads(text(res.stdout))
+    except ValueError:
+        sys.stderr.write(text(res.stderr))
+        raise core.CheckFailed("run_status.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
+    state = status.get("status") or status.get("state")
+    ledger_append(ledger_path(args.ledger), event="status", host=args.host, run_id=rid, state=state)
+    if args.json:
+        core.emit_json(status)
+    else:
+        print(status.get("line") or "%s %s" % (str(state).upper(), rid))
+        if status.get("hint"):
+            print("hint: %s" % status["hint"])
+    return res.returncode
+
+
+def cmd_logs(args, ssh):
+    rid = check_run_id(args.run_id)
+    run_dir, _r, _p = run_paths(args, rid)
+    if args.lines < 1:
+        raise core.UsageError("--lines must be at least 1")
+    res = checked(ssh.run(remote_command(["tail", "-n", str(args.lines), run_dir + "/" + args.log + ".log"]),
+                          timeout=120), "logs")
+    if args.json:
+        core.emit_json({"run_id": rid, "log": args.log, "lines": text(res.stdout).splitlines(),
+                        "ok": res.returncode == 0})
+    else:
+        sys.stdout.write(text(res.stdout))
+        sys.stderr.write(text(res.stderr))
+    return 0 if res.returncode == 0 else 1
+
+
+def cmd_ack(args, ssh):
+    rid = check_run_id(args.run_id)
+    run_dir, _r, _p = run_paths(args, rid)
+    argv = ["python3", node_tool(args, "deadman.py"), "ack", "--run-dir", run_dir]
+    argv += ["--disarm"] if args.disarm else ["--postpone-minutes", str(args.postpone_minutes)]
+    res = checked(ssh.run(remote_command(argv), timeout=120), "ack")
+    ledger_append(ledger_path(args.ledger), event="ack", host=args.host, run_id=rid,
+                  action="disarm" if args.disarm else "postpone %s min" % args.postpone_minutes)
+    sys.stdout.write(text(res.stdout))
+    sys.stderr.write(text(res.stderr))
+    return res.returncode
+
+
+# ---------------------------------------------------------------- pull, gate
+
+def laptop_tool(name):
+    return [sys.executable, os.path.join(HERE, name)]
+
+
+def cmd_pull(args, ssh):
+    rid = check_run_id(args.run_id)
+    _run, results, _p = run_paths(args, rid)
+    argv = laptop_tool("pull_verified.py") + ["--source", "%s:%s" % (args.host, results), "--dest", args.dest,
+                                             "--rsh", ssh.rsh] + (["--json"] if args.json else [])
+    res = subprocess.run(argv)
+    ledger_append(ledger_path(args.ledger), event="pull", host=args.host, run_id=rid, dest=args.dest,
+                  state="pulled" if res.returncode == 0 else "pull_failed")
+    return res.returncode
+
+
+def cmd_gate(args, ssh):
+    rid = check_run_id(args.run_id)
+    _run, results, profile = run_paths(args, rid, None)
+    profile = args.profile or profile
+    if not profile:
+        raise core.UsageError("which platform? pass --profile (the ledger has none for %s)" % rid)
+    argv = laptop_tool("teardown_gate.py") + ["--pulled", os.path.join(args.dest, rid), "--source",
+                                              "%s:%s" % (args.host, results), "--rsh", ssh.rsh,
+                                              "--profile", profile] + (["--json"] if args.json else [])
+    res = subprocess.run(argv)
+    ledger_append(ledger_path(args.ledger), event="gate", host=args.host, run_id=rid,
+                  verdict="PASS" if res.returncode == 0 else "REFUSED")
+    return res.returncode
+
+
+# ---------------------------------------------------------------- ledger
+
+def cmd_ledger(args):
+    path = ledger_path(args.ledger)
+    runs, boxes = ledger_runs(ledger_events(path))
+    now = time.time()
+    open_runs = [r for r in runs.values() if args.all or r.get("gate") != "PASS"]
+    hosts_with_runs = {r["host"] for r in runs.values()}
+    idle_boxes = [b for h, b in boxes.items() if h not in hosts_with_runs]
+    for rec in open_runs + idle_boxes:
+        seen = core.parse_iso(rec.get("last_seen"))
+        rec["last_seen_ago"] = core.human_age(now - seen) if seen else "n/a"
+    if args.json:
+        core.emit_json({"ledger": path, "runs": sorted(open_runs, key=lambda r: (r["host"], r["run_id"])),
+                        "boxes_without_runs": idle_boxes})
+        return 0
+    if not open_runs and not idle_boxes:
+        print("%s nothing in %s is waiting for the teardown gate" % (core.OK, path))
+        return 0
+    for rec in sorted(open_runs, key=lambda r: (r["host"], r["run_id"])):
+        tag = "PASSED gate" if rec.get("gate") == "PASS" else "MAY STILL BE BILLING"
+        print("%-22s %-14s %-30s last %-10s seen %s ago (%s)" % (tag, rec["host"], rec["run_id"],
+              rec.get("last_event"), rec["last_seen_ago"], rec.get("state") or "?"))
+    for box in idle_boxes:
+        print("%-22s %-14s %-30s seen %s ago" % ("MAY STILL BE BILLING", box["host"], "(pushed, no run)",
+                                                 box["last_seen_ago"]))
+    return 0
+
+
+# ---------------------------------------------------------------- arguments
+
+def global_options(parser, suppress):
+    """The global options, accepted before or after the command (after: they override)."""
+    import argparse
+    kw = {"default": argparse.SUPPRESS} if suppress else {}
+    parser.add_argument("--json", action="store_true", help="machine-readable output", **kw)
+    parser.add_argument("-p", "--port", type=int, help="ssh port", **kw)
+    parser.add_argument("-i", "--identity", help="ssh identity file", **kw)
+    parser.add_argument("--ssh-config", help="ssh client config (ssh -F)", **kw)
+    parser.add_argument("--node-dir", help="node toolkit folder (default ~/rgt-bin)",
+                        **(kw or {"default": DEFAULT_NODE_DIR}))
+    parser.add_argument("--ledger", help="run ledger file", **kw)
+
+
+def build_parser():
+    parser = core.Parser(prog="rgt.py", description="The laptop side, one command per phase (see the docstring).")
+    global_options(parser, suppress=False)
+    shared = core.Parser(add_help=False)
+    global_options(shared, suppress=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser)
+
+    def host_cmd(name, help_text, run_id=False):
+        p = sub.add_parser(name, help=help_text, parents=[shared])
+        p.add_argument("host", help="ssh alias or user@host")
+        if run_id:
+            p.add_argument("run_id", help="the run id")
+        p.add_argument("--durable-dir", help="the node's DURABLE_DIR (default: the ledger, or the profile)")
+        return p
+
+    p = host_cmd("push", "copy the node toolkit to the node and verify its version")
+    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto")
+    p = host_cmd("probe", "audit the node (node_probe.py); gate options after --")
+    p.add_argument("--profile")
+    p = host_cmd("launch", "start a job through run_one.sh (dead-man first, detached)")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--cwd", help="the job's working directory on the node (created)")
+    p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
+    p = host_cmd("status", "classify a run (run_status.py)", run_id=True)
+    p.add_argument("--rate-per-hour", type=float)
+    p = host_cmd("logs", "the tail of a run's log", run_id=True)
+    p.add_argument("--lines", type=int, default=40)
+    p.add_argument("--log", choices=("job", "supervisor", "deadman"), default="job")
+    p = host_cmd("ack", "postpone or disarm the run's dead-man", run_id=True)
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--postpone-minutes", type=float)
+    g.add_argument("--disarm", action="store_true")
+    p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)
+    p.add_argument("--dest", default="pulled")
+    p = host_cmd("gate", "the teardown gate: is it safe to stop the meter?", run_id=True)
+    p.add_argument("--dest", default="pulled")
+    p.add_argument("--profile")
+    p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared])
+    p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
+    return parser
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, rest = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    args.rest = rest
+    if not args.command:
+        raise core.UsageError("give a command: push, probe, launch, status, logs, ack, pull, gate, ledger")
+    if rest and args.command not in ("probe", "launch"):
+        raise core.UsageError("'--' is only for probe and launch")
+    if args.command == "ledger":
+        return cmd_ledger(args)
+    ssh = Ssh(args.host, args.port, args.identity, args.ssh_config)
+    return globals()["cmd_" + args.command](args, ssh)
+
+
+def report(args, fields, human):
+    if args.json:
+        core.emit_json(fields)
+    else:
+        print(human)
+    return 0 if fields.get("ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(core.run_main(main, prog="rgt.py"))
