@@ -13,6 +13,7 @@ Usage:
   python3 scripts/demo_lifecycle.py            # about 20 seconds; cleans up after itself
   python3 scripts/demo_lifecycle.py --keep     # leave the folders to inspect
   python3 scripts/demo_lifecycle.py --json     # the final report as JSON on stdout
+  python3 scripts/demo_lifecycle.py --workdir DIR   # build the node and laptop folders under DIR
 
 Exit codes: 0 every phase showed what it should; 1 a phase failed (the report says which);
 2 usage or a missing part of the skill.
@@ -141,15 +142,17 @@ class Demo:
         if code != 0:
             raise PhaseFailed(f"resumed run ended {st.get('state')}: see {run2 / 'job.log'}")
         final = json.loads((self.job_dir / "ckpt" / "final.json").read_text())
-        sync = json.loads((run2 / "sync.json").read_text())
+        sync = json.loads((run2 / "status.json").read_text()).get("sync") or {}
+        if not sync.get("verified"):
+            raise PhaseFailed(f"the durable sync did not verify: {sync.get('error')}")
         self.phase("resume", f"restarted from step {final.get('resumed_from')}, finished {final.get('steps_done')}"
-                             f"/{STEPS}; {len(sync.get('files', []))} outputs synced to durable and hash-verified")
+                             f"/{STEPS}; {sync.get('file_count')} files synced to durable and hash-verified")
         self.py("deadman.py", "ack", "--run-dir", run2, "--disarm")
 
-        results = self.durable / "results" / "demo-2"
-        man = json.loads(self.py("build_pull_manifest.py", "--root", results, "--roster", "**/*",
-                                 "--run-id", "demo-2", "--json").stdout)
-        self.phase("manifest", f"{man.get('file_count')} files, {man.get('total_bytes')} bytes, SHA-256 each")
+        results = Path(sync["results_dir"])
+        man = json.loads((results / "PULL_MANIFEST.json").read_text())
+        self.phase("manifest", f"{man.get('file_count')} files, {man.get('total_bytes')} bytes, SHA-256 each, "
+                               "written by the sync itself")
 
         pulled = self.laptop / "pulled"
         self.py("pull_verified.py", "--source", results, "--dest", pulled, "--json")
@@ -158,13 +161,11 @@ class Demo:
         self.phase("verify", f"{verified.get('file_count')} files match the manifest "
                              f"(manifest sha256 {str(verified.get('manifest_sha256'))[:12]}…)")
 
-        # Rebuild the node's manifest as the gate would see it now, then change one byte on the node.
-        self.py("build_pull_manifest.py", "--root", results, "--roster", "**/*", "--run-id", "demo-2")
+        # The gate re-hashes the node's files now; change one byte there after the pull and it must refuse.
         gate = self.py("teardown_gate.py", "--pulled", pulled / "demo-2", "--source", results, "--profile", "local")
-        victim = results / "ckpt" / "metrics.jsonl"
+        victim = next(results / e["path"] for e in man["files"] if e["path"].endswith(".jsonl"))
         original = victim.read_bytes()
         victim.write_bytes(original[:-2] + (b"0" if original[-2:-1] != b"0" else b"1") + original[-1:])
-        self.py("build_pull_manifest.py", "--root", results, "--roster", "**/*", "--run-id", "demo-2")
         stale = self.py("teardown_gate.py", "--pulled", pulled / "demo-2", "--source", results,
                         "--profile", "local", expect=(3,))
         victim.write_bytes(original)

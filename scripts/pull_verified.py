@@ -17,7 +17,7 @@ What it does, in order:
      absolute, default PULL_MANIFEST.json) and validates it BEFORE copying anything: schema, run id,
      sizes, hashes, and every path (absolute, '..', '.', empty components, backslash, NUL/control
      characters, duplicates, a path that is also another's parent, reserved names are all refused);
-  2. rsyncs exactly the listed files (--files-from, symlinks copied as content) into
+  2. rsyncs exactly the listed files (a files-from list, symlinks copied as content) into
      DEST/.staging-<run_id>/ with --partial-dir=.rsync-partial, so a re-run after Ctrl-C, a dropped
      connection or a crash continues from the bytes already there;
   3. verifies the staging tree in parallel: missing, extra, truncated or oversized files, changed
@@ -50,31 +50,25 @@ import re
 import shlex
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-SCHEMA = "rgt-pull-manifest/1"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
+import rgt_core as core  # noqa: E402
+from evidence import (MANIFEST_NAME, PARTIAL_DIR, VERIFIED_NAME, file_set, parse_manifest, problem,  # noqa: E402
+                      verify_tree)
+
+atomic_write, fsync_dir, human, utc_now = core.atomic_write, core.fsync_dir, core.human_bytes, core.utc_iso
 VERIFIED_SCHEMA = "rgt-pull-verified/1"
-MANIFEST_NAME = "PULL_MANIFEST.json"
-VERIFIED_NAME = "PULL_VERIFIED.json"
-RESERVED_TOP = (MANIFEST_NAME, VERIFIED_NAME)
-PARTIAL_DIR = ".rsync-partial"
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
-STAMP_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")
 RSYNC_TEMP_RE = re.compile(r"^\.(.+)\.[A-Za-z0-9]{6}$")
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
-BUFFER = 1024 * 1024  # see bench_manifest.py
 MAX_REPORTED = 50
 
 
-class UsageError(Exception):
-    """Exit 2."""
+UsageError = core.UsageError  # exit 2
 
 
 class FetchError(Exception):
@@ -83,22 +77,6 @@ class FetchError(Exception):
 
 class Interrupted(Exception):
     """SIGINT/SIGTERM arrived (exit 130)."""
-
-
-def problem(code: str, path: str, detail: str) -> dict:
-    return {"code": code, "path": path, "detail": detail}
-
-
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def human(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024.0
-    return f"{count:.1f} TiB"
 
 
 # ---------------------------------------------------------------- sources and fetching
@@ -188,273 +166,11 @@ def fetch_manifest(host, root: str, name: str, rsh, timeout: float = 600.0) -> b
 
 # ---------------------------------------------------------------- manifest validation
 
-def path_problem(path):
-    """Why a manifest path is unsafe or malformed, or None when it is fine."""
-    if not isinstance(path, str) or not path:
-        return "path is empty or not a string"
-    if "\x00" in path:
-        return "contains a NUL byte"
-    if path.startswith("/"):
-        return "absolute path; manifest paths must be relative to the root"
-    if "\\" in path:
-        return "contains a backslash (a Windows separator or an escape); refusing to guess"
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
-        return "contains a control character (newline, tab ...)"
-    parts = path.split("/")
-    if ".." in parts:
-        return "has a '..' component that would write outside the destination"
-    if "" in parts or "." in parts:
-        return "has an empty or '.' component (not in normal form)"
-    if path in RESERVED_TOP:
-        return "is a reserved name (the puller writes this file itself)"
-    if PARTIAL_DIR in parts:
-        return f"uses the reserved resume directory name {PARTIAL_DIR}"
-    return None
-
-
-def parse_manifest(raw: bytes):
-    """Validate structure and every path. Returns (manifest or None, problems)."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return None, [problem("manifest", "<manifest>", f"not valid UTF-8 JSON: {exc}")]
-    if not isinstance(data, dict):
-        return None, [problem("manifest", "<manifest>", "top level is not a JSON object")]
-    problems = []
-    if data.get("schema") != SCHEMA:
-        problems.append(problem("manifest", "schema", f"expected {SCHEMA!r}, found {data.get('schema')!r}"))
-    run_id = data.get("run_id")
-    if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
-        problems.append(problem("manifest", "run_id", f"{run_id!r} is not a safe run id (letters, digits, . _ -)"))
-    if not isinstance(data.get("created_at"), str) or not STAMP_RE.match(data["created_at"]):
-        problems.append(problem("manifest", "created_at", "missing or not ISO-8601 UTC (YYYY-MM-DDTHH:MM:SSZ)"))
-    roster = data.get("roster")
-    if not isinstance(roster, list) or not roster or not all(isinstance(r, str) and r for r in roster):
-        problems.append(problem("manifest", "roster", "must be a non-empty list of globs"))
-    files = data.get("files")
-    if not isinstance(files, list) or not files:
-        problems.append(problem("manifest", "files", "must be a non-empty list (an empty pull proves nothing)"))
-        return data, problems
-    first_index = {}
-    total = 0
-    for index, entry in enumerate(files):
-        where = f"files[{index}]"
-        if not isinstance(entry, dict) or set(entry) != {"path", "size", "sha256"}:
-            problems.append(problem("manifest", where, "entry must be an object with exactly path, size, sha256"))
-            continue
-        path = entry["path"]
-        reason = path_problem(path)
-        if reason:
-            problems.append(problem("unsafe-path", repr(path), f"{where} {reason}"))
-            continue
-        size = entry["size"]
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            problems.append(problem("manifest", path, f"{where} size must be a non-negative integer"))
-            continue
-        if not isinstance(entry["sha256"], str) or not HEX64_RE.match(entry["sha256"]):
-            problems.append(problem("manifest", path, f"{where} sha256 must be 64 lowercase hex digits"))
-            continue
-        if path in first_index:
-            problems.append(problem("duplicate", path, f"listed twice (files[{first_index[path]}] and {where})"))
-            continue
-        first_index[path] = index
-        total += size
-    for path in first_index:
-        parent = path
-        while "/" in parent:
-            parent = parent.rsplit("/", 1)[0]
-            if parent in first_index:
-                problems.append(problem("path-conflict", path, f"'{parent}' is listed as a file and as its parent"))
-                break
-    if not problems:
-        if data.get("file_count") != len(files):
-            problems.append(problem("manifest", "file_count",
-                                    f"says {data.get('file_count')!r}, files lists {len(files)}"))
-        if data.get("total_bytes") != total:
-            problems.append(problem("manifest", "total_bytes",
-                                    f"says {data.get('total_bytes')!r}, sizes sum to {total}"))
-    return data, problems
-
-
-def file_set(manifest: dict) -> set:
-    return {(e["path"], e["size"], e["sha256"]) for e in manifest["files"]}
-
 
 # ---------------------------------------------------------------- hashing and verification
 
-_local = threading.local()
-
-
-def hash_file(path: str, on_bytes=None) -> str:
-    view = getattr(_local, "view", None)
-    if view is None:
-        view = _local.view = memoryview(bytearray(BUFFER))
-    digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    try:
-        if hasattr(os, "posix_fadvise"):
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            except OSError:
-                pass
-        with open(fd, "rb", buffering=0, closefd=False) as handle:
-            while True:
-                count = handle.readinto(view)
-                if not count:
-                    break
-                digest.update(view[:count])
-                if on_bytes is not None:
-                    on_bytes(count)
-    finally:
-        os.close(fd)
-    return digest.hexdigest()
-
-
-class Progress:
-    """Bytes-done meter on stderr: a live line on a TTY, a line every 15 s otherwise."""
-
-    def __init__(self, label: str, total: int, enabled: bool = True):
-        self.label, self.total, self.done = label, total, 0
-        self.lock = threading.Lock()
-        self.tty = sys.stderr.isatty()
-        self.enabled = enabled
-        self.start = self.last = time.monotonic()
-        self.interval = 0.25 if self.tty else 15.0
-        self.printed = False
-
-    def add(self, count: int):
-        with self.lock:
-            self.done += count
-            now = time.monotonic()
-            if self.enabled and now - self.last >= self.interval:
-                self.last = now
-                rate = self.done / max(now - self.start, 1e-9)
-                line = f"{self.label}: {human(self.done)}/{human(self.total)}, {human(rate)}/s"
-                sys.stderr.write(("\r" + line + "\x1b[K") if self.tty else (line + "\n"))
-                sys.stderr.flush()
-                self.printed = True
-
-    def close(self):
-        if self.printed and self.tty:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-def scan_tree(root: str, skip_partial: bool):
-    """Map every plain file under root to its size; symlinks and special files are problems."""
-    files, problems = {}, []
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        try:
-            entries = list(os.scandir(os.path.join(root, rel_dir) if rel_dir else root))
-        except OSError as exc:
-            problems.append(problem("unreadable", rel_dir or ".", f"cannot list directory: {exc.strerror}"))
-            continue
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            if not rel_dir and entry.name in RESERVED_TOP:
-                continue
-            if entry.is_symlink():
-                problems.append(problem("symlink", rel,
-                                        "a symlink in the pulled tree; pulled data must be plain files"))
-            elif entry.is_dir(follow_symlinks=False):
-                if not (skip_partial and entry.name == PARTIAL_DIR):
-                    stack.append(rel)
-            elif entry.is_file(follow_symlinks=False):
-                files[rel] = entry.stat(follow_symlinks=False).st_size
-            else:
-                problems.append(problem("special", rel, "a FIFO, socket or device where a file should be"))
-    return files, problems
-
-
-def verify_tree(root: str, manifest: dict, jobs: int, skip_partial: bool = True, label: str = "verifying"):
-    """Compare a directory with the manifest. Returns (problems, bytes hashed)."""
-    actual, problems = scan_tree(root, skip_partial)
-    expected = {e["path"]: e for e in manifest["files"]}
-    for rel in sorted(set(actual) - set(expected)):
-        problems.append(problem("extra", rel, "present but not in the manifest (left from an earlier pull or "
-                                              "added by hand); delete it, or re-run with --fresh"))
-    flagged = {p["path"] for p in problems}
-    for rel in sorted(set(expected) - set(actual)):
-        if rel in flagged:
-            continue
-        problems.append(problem("missing", rel, "in the manifest but not here (deleted or renamed on the node "
-                                                "after the manifest was built, or the transfer failed)"))
-    to_hash = []
-    for rel in sorted(set(expected) & set(actual)):
-        want, have = expected[rel]["size"], actual[rel]
-        if have < want:
-            problems.append(problem("truncated", rel, f"{have} of {want} bytes (cut off, or still being written "
-                                                      "on the node)"))
-        elif have > want:
-            problems.append(problem("size", rel, f"{have} bytes, the manifest says {want} (changed after the "
-                                                 "manifest was built?)"))
-        else:
-            to_hash.append(rel)
-    total = sum(expected[r]["size"] for r in to_hash)
-    meter = Progress(label, total)
-    to_hash.sort(key=lambda r: -expected[r]["size"])
-
-    def work(rel):
-        try:
-            return rel, hash_file(os.path.join(root, rel), meter.add), None
-        except OSError as exc:
-            return rel, "", exc.strerror or str(exc)
-
-    pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(to_hash) or 1)))
-    futures = [pool.submit(work, rel) for rel in to_hash]
-    try:
-        for future in futures:
-            rel, digest, error = future.result()
-            if error:
-                problems.append(problem("unreadable", rel, error))
-            elif digest != expected[rel]["sha256"]:
-                problems.append(problem("sha256", rel, "content differs from the manifest (flipped or changed "
-                                                       f"bytes; got {digest[:12]}..., want "
-                                                       f"{expected[rel]['sha256'][:12]}...)"))
-    finally:
-        for future in futures:
-            future.cancel()
-        pool.shutdown(wait=True)
-    meter.close()
-    order = {"unsafe-path": 0, "missing": 1, "truncated": 2, "size": 3, "sha256": 4, "extra": 5}
-    problems.sort(key=lambda p: (order.get(p["code"], 9), p["path"]))
-    return problems, total
-
 
 # ---------------------------------------------------------------- files and rsync
-
-def fsync_dir(path: str):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str, data: bytes):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    fsync_dir(directory)
 
 
 def adopt_rsync_leftovers(staging: str, paths) -> int:

@@ -20,6 +20,7 @@ Tolerance: the document's own precision (76.1 matches 76.05 up to 76.15), or --a
 Usage:
   python3 scripts/reconcile.py paper.md results.csv tables.tex
   python3 scripts/reconcile.py --json README.md
+  python3 scripts/reconcile.py --quiet paper.md      # print only drift and broken bindings
 
 Exit codes: 0 every bound number matches; 1 drift, or a binding that cannot be resolved;
 2 usage or unreadable input; 4 no bindings found at all (nothing was checked).

@@ -12,6 +12,7 @@ Usage:
   rgt.py [global options] launch HOST --profile P --run-id RID [--cwd DIR] [--durable-dir DIR]
                                  [--rate-per-hour X] [-- RUN_ONE_ARGS... --] -- CMD [ARGS...]
   rgt.py [global options] status HOST RID [--rate-per-hour X]
+  rgt.py [global options] patrol HOST [RID...] [--rate-per-hour X] [--min-free-gb G]
   rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
   rgt.py [global options] ack    HOST RID (--postpone-minutes M | --disarm)
   rgt.py [global options] pull   HOST RID [--dest DIR]
@@ -26,8 +27,14 @@ Global options (before the command):
   --node-dir DIR      where the node toolkit lives on the node (default ~/rgt-bin)
   --ledger FILE       the run ledger (default $XDG_STATE_HOME/remote-gpu-trainer/ledger.jsonl)
 
-launch: everything after the first `--` up to a second `--` goes to run_one.sh unchanged (for
-example --output 'ckpt/*' --stall-minutes 30 --max-hours 12 --require-gpu); the words after the
+patrol: the scheduled check-in (Claude Code `/loop 30m`, cron, an automation): read-only, ONE ssh round trip
+for every run of HOST not yet through the gate (or the RIDs given), a short report every time (state,
+step/ETA, newest checkpoint age, disk headroom, dead-man, cost so far). Exit 0 when every run is healthy,
+in progress or cleanly done; 10 to escalate (stalled, failed, sync_failed, dead-man fired or down,
+finished but unwatched, disk below --min-free-gb, default 10).
+
+launch: everything after the first `--` up to a second `--` goes to run_one.sh unchanged (its
+output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); the words after the
 last `--` are the job. With one `--` only, all of it is the job. The run dir is
 DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
 DURABLE_DIR/results/RID; later commands find both in the ledger.
@@ -41,6 +48,7 @@ refused; status passes run_status.py's codes through (4 running, 5 starting, 6 s
 fired, ...); 255 ssh could not reach HOST.
 """
 import json
+import re
 import os
 import shlex
 import shutil
@@ -57,6 +65,7 @@ import rgt_core as core  # noqa: E402
 
 DEFAULT_NODE_DIR = "~/rgt-bin"
 SSH_UNREACHABLE = 255
+HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._+-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\])$")
 
 
 # ---------------------------------------------------------------- quoting and ssh
@@ -82,7 +91,7 @@ def remote_command(*argvs, cwd=None):
 
 class Ssh(object):
     def __init__(self, host, port=None, identity=None, config=None):
-        if not host or host.startswith("-") or any(c.isspace() for c in host):
+        if not HOST_RE.match(host or ""):  # an alias, user@host, host:port-free name or [v6]; never an option
             raise core.UsageError("HOST %r is not an ssh alias or user@host" % host)
         self.host = host
         self.base = ["ssh"]
@@ -392,6 +401,88 @@ def cmd_ack(args, ssh):
     return res.returncode
 
 
+PATROL_ESCALATE = 10
+PATROL_MARK = "@@rgt-exit "
+BAD_STATES = ("stalled", "failed", "sync_failed", "deadman_fired")
+
+
+def patrol_verdict(st, min_free_gb):
+    """(escalate?, why) for one run_status JSON object."""
+    why = []
+    if st.get("status") in BAD_STATES:
+        why.append(st["status"])
+    if st.get("unwatched"):
+        why.append("finished but nothing watches the meter")
+    dm = st.get("deadman") or {}
+    if st.get("status") in ("running", "starting", "syncing") and dm.get("word") in ("DOWN", "EXITED"):
+        why.append("dead-man %s while the job runs" % dm["word"])
+    free = (st.get("disk") or {}).get("free_bytes")
+    if isinstance(free, (int, float)) and free < min_free_gb * (1 << 30):
+        why.append("disk %s free < %g GiB" % (core.human_bytes(free), min_free_gb))
+    return bool(why), why
+
+
+def patrol_line(rid, st):
+    bits = [rid, str(st.get("status", "?")).upper()]
+    if st.get("step") is not None:
+        bits.append("step %s/%s" % (st["step"], st.get("total_steps") or "?"))
+    if st.get("eta_s") is not None and st.get("status") in ("running", "stalled"):
+        bits.append("eta %s" % core.human_age(st["eta_s"]))
+    if st.get("newest_output_age_s") is not None:
+        bits.append("ckpt %s old" % core.human_age(st["newest_output_age_s"]))
+    free = (st.get("disk") or {}).get("free_bytes")
+    if free is not None:
+        bits.append("disk %s free" % core.human_bytes(free))
+    bits.append("deadman %s" % ((st.get("deadman") or {}).get("word") or "?").lower())
+    if st.get("cost_so_far") is not None:
+        bits.append("cost ~%.2f" % st["cost_so_far"])
+    return " ".join(bits)
+
+
+def cmd_patrol(args, ssh):
+    if args.run_ids:
+        rids = [check_run_id(r) for r in args.run_ids]
+    else:
+        runs, _ = ledger_runs(ledger_events(ledger_path(args.ledger)))
+        rids = sorted(r["run_id"] for (h, _), r in runs.items() if h == args.host and r.get("gate") != "PASS")
+    if not rids:
+        return report(args, {"ok": True, "host": args.host, "runs": [], "escalate": False},
+                      "%s patrol %s: no run of this box waits for the gate (ledger %s)"
+                      % (core.OK, args.host, ledger_path(args.ledger)))
+    parts = []
+    for rid in rids:
+        run_dir, _r, _p = run_paths(args, rid)
+        argv = ["python3", node_tool(args, "run_status.py"), run_dir, "--json"]
+        if args.rate_per_hour is not None:
+            argv += ["--rate-per-hour", str(args.rate_per_hour)]
+        parts.append(remote_command(argv) + "; printf '\n%s%%s@@\n' \"$?\"" % PATROL_MARK)
+    res = checked(ssh.run("; ".join(parts), timeout=300), "patrol")
+    import re
+    pieces = re.split(r"\n?%s(\d+)@@\n" % re.escape(PATROL_MARK), text(res.stdout))
+    results, escalate, lines = [], False, []
+    for index, rid in enumerate(rids):
+        try:
+            st = json.loads(pieces[2 * index])
+            if not isinstance(st, dict):
+                raise ValueError
+        except (ValueError, IndexError):
+            st = {"status": "unknown", "reason": "run_status.py gave no JSON (is the toolkit pushed?)"}
+        bad, why = patrol_verdict(st, args.min_free_gb)
+        if st.get("status") == "unknown":
+            bad, why = True, [st["reason"]]
+        escalate = escalate or bad
+        results.append({"run_id": rid, "escalate": bad, "why": why, "status": st})
+        lines.append("  " + patrol_line(rid, st) + ("  <- ESCALATE: " + "; ".join(why) if bad else ""))
+        ledger_append(ledger_path(args.ledger), event="patrol", host=args.host, run_id=rid, state=st.get("status"))
+    head = "%s patrol %s: %d run(s)%s" % ("ESCALATE" if escalate else core.OK, args.host, len(rids),
+                                         "" if escalate else ", nothing needs you")
+    if args.json:
+        core.emit_json({"ok": not escalate, "host": args.host, "escalate": escalate, "runs": results})
+    else:
+        print("\n".join([head] + lines))
+    return PATROL_ESCALATE if escalate else 0
+
+
 # ---------------------------------------------------------------- pull, gate
 
 def laptop_tool(name):
@@ -494,6 +585,10 @@ def build_parser():
     p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
     p = host_cmd("status", "classify a run (run_status.py)", run_id=True)
     p.add_argument("--rate-per-hour", type=float)
+    p = host_cmd("patrol", "the scheduled check-in: one round trip, a short report, exit 10 to escalate")
+    p.add_argument("run_ids", nargs="*", metavar="RID", help="runs to check (default: the ledger's open runs)")
+    p.add_argument("--rate-per-hour", type=float)
+    p.add_argument("--min-free-gb", type=float, default=10.0, help="escalate below this much free disk")
     p = host_cmd("logs", "the tail of a run's log", run_id=True)
     p.add_argument("--lines", type=int, default=40)
     p.add_argument("--log", choices=("job", "supervisor", "deadman"), default="job")
@@ -520,7 +615,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     args.rest = rest
     if not args.command:
-        raise core.UsageError("give a command: push, probe, launch, status, logs, ack, pull, gate, ledger")
+        raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, pull, gate, ledger")
     if rest and args.command not in ("probe", "launch"):
         raise core.UsageError("'--' is only for probe and launch")
     if args.command == "ledger":

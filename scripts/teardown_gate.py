@@ -48,46 +48,31 @@ import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
-import build_pull_manifest as bpm  # noqa: E402  (sibling scripts; local side only)
+import evidence  # noqa: E402  (the node's manifest format; local side only)
 import pull_verified as pv  # noqa: E402
+import rgt_core as core  # noqa: E402
 
 DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
 
 
-class UsageError(Exception):
-    pass
+UsageError = core.UsageError
 
 
-def index_path():
-    chosen = os.environ.get("RGT_PROFILE_INDEX")
-    if chosen:   # set on purpose: never fall back to another index with other facts
-        return os.path.abspath(chosen) if os.path.isfile(chosen) else None
-    candidates = [os.path.join(HERE, "..", "profiles", "index.json"), os.path.join(HERE, "node", "index.json")]
-    for candidate in candidates:
-        if candidate and os.path.isfile(candidate):
-            return os.path.abspath(candidate)
-    return None
-
-
-def load_profile(name: str):
-    """(profile dict, index path) or raise UsageError for an unknown name; (None, reason) when no index."""
-    path = index_path()
+def gate_profile(name: str):
+    """(profile, index path), or (None, reason) when no index is found; an unknown name is a UsageError."""
+    path = core.profile_index_path()
     if path is None:
         if os.environ.get("RGT_PROFILE_INDEX"):
             return None, f"RGT_PROFILE_INDEX={os.environ['RGT_PROFILE_INDEX']} is not a file"
         return None, "profiles/index.json not found (set RGT_PROFILE_INDEX or run tools/build_profile_index.py)"
+    index = core.read_json(path)
+    profiles = index.get("profiles") if isinstance(index, dict) else None
+    if isinstance(profiles, dict) and name not in profiles:
+        raise UsageError(f"unknown --profile {name!r}; known: {', '.join(sorted(profiles)) or 'none'}")
     try:
-        with open(path, encoding="utf-8") as handle:
-            profiles = json.load(handle)["profiles"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"cannot read profile index {path}: {exc}"
-    if not isinstance(profiles, dict):
-        return None, f"profile index {path} is malformed: 'profiles' is not an object"
-    if name not in profiles:
-        raise UsageError(f"unknown --profile {name!r}; known: {', '.join(sorted(profiles))}")
-    if not isinstance(profiles[name], dict):
-        return None, f"profile index {path} is malformed: the entry for {name!r} is not an object"
-    return profiles[name], path
+        return core.load_profile(name), path
+    except UsageError as exc:  # a malformed index refuses the gate (exit 3); it is not the caller's typo
+        return None, str(exc)
 
 
 def meter_lines(name: str, profile: dict) -> list:
@@ -115,12 +100,14 @@ def meter_lines(name: str, profile: dict) -> list:
     return lines
 
 
-def rebuild_manifest(host, root: str, rsh, roster, run_id: str) -> bytes:
+def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) -> bytes:
     """Recompute the node's manifest now, writing nothing there. Raises pv.FetchError."""
     script = os.path.join(HERE, "node", "build_pull_manifest.py")
     tail = ["--run-id", run_id, "--out", "-"]
     for pattern in roster:
         tail += ["--roster", pattern]
+    for pattern in allow_empty:
+        tail += ["--allow-empty", pattern]
     if host is None:
         argv = [sys.executable, script, "--root", os.path.expanduser(root)] + tail
         stdin = subprocess.DEVNULL
@@ -129,8 +116,7 @@ def rebuild_manifest(host, root: str, rsh, roster, run_id: str) -> bytes:
         remote = "python3 - --root " + pv.remote_quote(root) + " " + " ".join(shlex.quote(a) for a in tail)
         argv = pv.rsh_argv(rsh) + [host, remote]
         stdin = subprocess.PIPE
-        with open(script, "rb") as handle:
-            payload = handle.read()
+        payload = core.streamed_program(script)
     try:
         proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
@@ -175,9 +161,9 @@ def compare(pulled: dict, current: dict) -> list:
 
 def run_load_checks(pulled_dir: str, manifest: dict, templates, globs, timeout: float, skip: set):
     reasons, results = [], []
-    compiled = [bpm.compile_pattern(bpm.check_pattern(g)) for g in globs]
+    compiled = [evidence.compile_pattern(evidence.check_pattern(g)) for g in globs]
     targets = [e["path"] for e in manifest["files"]
-               if any(rx.fullmatch(c) for rx in compiled for c in bpm.ancestors_and_self(e["path"]))]
+               if any(rx.fullmatch(c) for rx in compiled for c in evidence.ancestors_and_self(e["path"]))]
     if not targets:
         reasons.append(pv.problem("load-check", ",".join(globs), "no pulled file matches --load-glob, so the "
                                                                  "load-check would check nothing"))
@@ -255,7 +241,7 @@ def main(argv=None) -> int:
                 raise UsageError("--load-check is empty")
         globs = args.load_glob or list(DEFAULT_LOAD_GLOBS)
         for pattern in globs:
-            bpm.check_pattern(pattern)
+            evidence.check_pattern(pattern)
         if args.jobs < 1:
             raise UsageError("--jobs must be at least 1")
         if not 0 < args.load_timeout < 1e9:   # also nan and inf
@@ -266,8 +252,8 @@ def main(argv=None) -> int:
                              + ("" if os.path.exists(pulled) else " (it does not exist)"))
         if args.manifest is not None and not os.path.isfile(os.path.expanduser(args.manifest)):
             raise UsageError(f"--manifest {args.manifest} is not a file")
-        profile, index_info = load_profile(args.profile)
-    except (UsageError, pv.UsageError, bpm.UsageError, ValueError) as exc:
+        profile, index_info = gate_profile(args.profile)
+    except (UsageError, pv.UsageError, ValueError) as exc:
         print(f"teardown_gate: {exc}", file=sys.stderr)
         return 2
 
@@ -307,7 +293,7 @@ def main(argv=None) -> int:
             else:
                 mode = "re-hashed on the node now"
                 current_raw = rebuild_manifest(host, root, args.rsh, pulled_manifest["roster"],
-                                               pulled_manifest["run_id"])
+                                               pulled_manifest["run_id"], pulled_manifest.get("allow_empty", []))
         except OSError as exc:
             reasons.append(pv.problem("node", args.manifest, f"cannot read: {exc.strerror or exc}"))
             current_raw = None

@@ -12,6 +12,7 @@ Nothing here needs the network, a GPU or a long run: each script refuses before 
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,33 @@ def queue_with_damaged_attempts(tmp):
     return {"queue": queue}
 
 
+def queue_with_damaged_status(tmp):
+    """A queue whose cell status file holds garbage (quotes, a backslash): the JSON summary stays valid."""
+    queue = put(tmp / "q.txt", "true\n")
+    cell = "L001-" + hashlib.sha256(b"true").hexdigest()[:8]
+    put(tmp / "q.queue" / "cells" / cell / "reason", 'a "quoted" \\ reason\n')
+    put(tmp / "q.queue" / "cells" / cell / "exit_code", "not a number\n")
+    return {"queue": queue}
+
+
+def fifo(tmp):
+    os.mkfifo(tmp / "pipe")
+    return {"fifo": tmp / "pipe"}
+
+
+def dangling(tmp):
+    (tmp / "link").symlink_to(tmp / "nowhere")
+    return {"link": tmp / "link"}
+
+
+def zero_byte(tmp):
+    return {"zero": put(tmp / "zero.bin", b"")}
+
+
+def csv_file(tmp):
+    return {"csv": put(tmp / "mem.csv", "time,host_total_mib\n")}
+
+
 def non_utf8_result(tmp):
     res = tmp / "res"
     res.mkdir()
@@ -161,6 +189,14 @@ CASES = [
      "--out is empty"),
     ("scripts/node/build_pull_manifest.py", ["--root", "{res}", "--roster", "**", "--out", "-"], non_utf8_result, 1,
      "not valid UTF-8"),
+    ("scripts/node/build_pull_manifest.py", ["--root", "{tmp}", "--roster", "file.txt", "--allow-empty", "../x"],
+     nothing, 2, "roster entry '../x'"),
+    ("scripts/node/build_pull_manifest.py", ["--root", "{tmp}", "--roster", "file.txt", "--out", "{fifo}"], fifo, 2,
+     "refusing to replace"),
+    ("scripts/node/build_pull_manifest.py", ["--root", "{tmp}", "--roster", "file.txt", "--out", "{link}"], dangling,
+     2, "it is a symlink"),
+    ("scripts/node/build_pull_manifest.py", ["--root", "{tmp}", "--roster", "zero.bin"], zero_byte, 1,
+     "FAIL empty-file: zero.bin"),
     # pull_verified.py
     ("scripts/pull_verified.py", [], nothing, 2, "required: --source, --dest"),
     ("scripts/pull_verified.py", ["--source", "{missing}", "--dest", "{tmp}/dest"], nothing, 2, "not a directory"),
@@ -169,6 +205,14 @@ CASES = [
     ("scripts/pull_verified.py", ["--source", "{dir}", "--dest", "{tmp}/dest", "--rsh", ""], nothing, 2,
      "--rsh is empty"),
     ("scripts/pull_verified.py", ["--source", "{dir}", "--dest", "{file}"], nothing, 2, "not a directory"),
+    # rgt.py (the laptop CLI: each refuses before any ssh call)
+    ("scripts/rgt.py", [], nothing, 2, "give a command"),
+    ("scripts/rgt.py", ["launch", "gpu-box"], nothing, 2, "required: --profile, --run-id"),
+    ("scripts/rgt.py", ["logs", "gpu-box", "r1", "--lines", "x"], nothing, 2, "--lines"),
+    # lookup.py
+    ("scripts/lookup.py", [], nothing, 2, "give an entry ID"),
+    ("scripts/lookup.py", ["--in", "{missing}", "oom"], nothing, 2, "no such file"),
+    ("scripts/lookup.py", ["--top", "0", "oom"], nothing, 2, "--top"),
     # teardown_gate.py
     ("scripts/teardown_gate.py", [], nothing, 2, "required: --pulled, --profile"),
     ("scripts/teardown_gate.py", ["--pulled", "{missing}", "--manifest", "{file}", "--profile", "local"], nothing,
@@ -178,7 +222,7 @@ CASES = [
     ("scripts/teardown_gate.py", ["--pulled", "{pulled}", "--manifest", "{manifest}", "--profile", "bad-entry"],
      both(unverified_pull, profile_index(MALFORMED_PROFILES)), 3, "malformed"),
     ("scripts/teardown_gate.py", ["--pulled", "{pulled}", "--manifest", "{manifest}", "--profile", "local"],
-     both(unverified_pull, profile_index("runpod")), 3, "malformed"),
+     both(unverified_pull, profile_index("runpod")), 3, "not a profile index"),
     ("scripts/teardown_gate.py", ["--pulled", "{pulled}", "--manifest", "{manifest}", "--profile", "local"],
      both(unverified_pull, lambda tmp: {"env": {"RGT_PROFILE_INDEX": str(tmp / "no-index.json")}}), 3,
      "is not a file"),
@@ -190,6 +234,11 @@ CASES = [
     ("scripts/node/node_probe.py", ["--profile", "bad-entry", "--gpu-timeout", "1"], profile_index(MALFORMED_PROFILES),
      2, "malformed"),
     ("scripts/node/node_probe.py", ["--min-free-gb", "-1"], nothing, 2, "--min-free-gb"),
+    ("scripts/node/node_probe.py", ["--out", "{fifo}", "--gpu-timeout", "1"], fifo, 2, "refusing to replace"),
+    ("scripts/node/node_probe.py", ["--out", "", "--gpu-timeout", "1"], nothing, 2, "--out is empty"),
+    ("scripts/node/node_probe.py", ["disk-gate"], nothing, 2, "required: PATH"),
+    ("scripts/node/node_probe.py", ["disk-gate", "{tmp}", "--min-free-inodes", "-5"], nothing, 2, "--min-free-inodes"),
+    ("scripts/node/node_probe.py", ["disk-gate", "{tmp}", "--min-free-gb", "1e12"], nothing, 3, "below the floor"),
     # fetch_resumable.py
     ("scripts/node/fetch_resumable.py", ["http://127.0.0.1:99999/x", "--out", "{tmp}/o"], nothing, 2, "Port out of range"),
     ("scripts/node/fetch_resumable.py", ["http://[::1/x", "--out", "{tmp}/o"], nothing, 2, "Invalid IPv6 URL"),
@@ -198,6 +247,11 @@ CASES = [
     ("scripts/node/fetch_resumable.py", ["http://127.0.0.1:9/x", "--out", "", "--retries", "1"], nothing, 2,
      "--out is empty"),
     ("scripts/node/fetch_resumable.py", ["ftp://gpu-box/x", "--out", "{tmp}/o"], nothing, 2, "not an http(s) URL"),
+    ("scripts/node/fetch_resumable.py", ["http://127.0.0.1:9/x", "--out", "{fifo}", "--force"], fifo, 2,
+     "refusing to replace"),
+    ("scripts/node/fetch_resumable.py", ["http://127.0.0.1:9/x", "--out", "{link}"], dangling, 2, "it is a symlink"),
+    ("scripts/node/fetch_resumable.py", ["http://127.0.0.1:9/x", "--out", "{tmp}/o", "--auth-env", ""], nothing, 2,
+     "--auth-env"),
     # check_staleness.py
     ("tools/check_staleness.py", ["--today", "2026-13"], nothing, 2, "--today"),
     ("tools/check_staleness.py", ["--max-age-months", "six"], nothing, 2, "--max-age-months"),
@@ -235,7 +289,7 @@ CASES = [
     ("scripts/node/run_one.sh", ["--run-dir", "{tmp}/run", "--poll-seconds", "0", "--no-deadman", "--disk-floor-gb", "0",
                             "--", "false"], nothing, 2, "--poll-seconds"),
     ("scripts/node/run_one.sh", ["--profile", "local", "--run-dir", "{tmp}/run", "--no-deadman", "--", "false"],
-     profile_index("runpod"), 2, "not a readable profile index"),
+     profile_index("runpod"), 2, "is not a profile index"),
     ("scripts/node/run_one.sh", ["--profile", "bad-defaults", "--run-dir", "{tmp}/run", "--no-deadman", "--", "false"],
      profile_index(MALFORMED_PROFILES), 2, "malformed"),
     ("scripts/node/run_one.sh", ["--", ], nothing, 2, "no command given"),
@@ -246,6 +300,9 @@ CASES = [
     ("scripts/node/run_queue.sh", ["{file}", "--queue-dir", "{file}"], nothing, 2, "cannot create"),
     ("scripts/node/run_queue.sh", ["{missing}"], nothing, 2, "not found"),
     ("scripts/node/run_queue.sh", ["--retry-failed", "{queue}"], queue_with_damaged_attempts, 0, "QUEUE OK"),
+    ("scripts/node/run_queue.sh", ["{file}", "--stop-grace", "soon"], nothing, 2, "--stop-grace"),
+    ("scripts/node/run_queue.sh", ["{file}", "--inode-floor", "-1"], nothing, 2, "--inode-floor"),
+    ("scripts/node/run_queue.sh", ["{queue}", "--json"], queue_with_damaged_status, 0, '"all_succeeded": true'),
     # mem_monitor.sh
     ("scripts/node/mem_monitor.sh", ["--out", "{dir}", "--count", "1", "--interval", "0.01"], nothing, 2,
      "is a directory"),
@@ -256,6 +313,8 @@ CASES = [
      "--threshold"),
     ("scripts/node/mem_monitor.sh", ["--pid", "1", "--cgroup-dir", "{dir}", "--count", "1", "--interval", "0.01"], nothing,
      2, "give one"),
+    ("scripts/node/mem_monitor.sh", ["--out", "{csv}", "--json", "--count", "1", "--interval", "0.01"], csv_file, 2,
+     "already holds CSV"),
     # reap_vram_zombies.sh
     ("scripts/node/reap_vram_zombies.sh", ["--pids-from", "{dir}"], nothing, 2, "is a directory"),
     ("scripts/node/reap_vram_zombies.sh", ["--pids-from", ""], nothing, 2, "--pids-from"),
@@ -271,6 +330,9 @@ CASES = [
     ("scripts/node/gpu_health.sh", ["--gpu", "x"], nothing, 2, "--gpu needs a whole number"),
     ("scripts/node/gpu_health.sh", ["--timeout", "0"], nothing, 2, "--timeout must be > 0"),
     ("scripts/node/gpu_health.sh", ["--bogus"], nothing, 2, "unknown argument"),
+    ("scripts/node/gpu_health.sh", ["--json", "--timeout", "x"], nothing, 2, "--timeout needs a whole number"),
+    # reap_vram_zombies.sh --json with a damaged PID list: still one usage line, no JSON half-written
+    ("scripts/node/reap_vram_zombies.sh", ["--json", "--pids-from", "{file}"], nothing, 2, "is not a PID"),
 ]
 
 
@@ -312,3 +374,54 @@ def test_every_script_has_three_bad_inputs():
                      if p.suffix in (".py", ".sh")) + [TR]
     counts = {s: sum(c[0] == s for c in CASES) for s in scripts}
     assert {s: n for s, n in counts.items() if n < 3} == {}
+
+
+def python36():
+    import glob
+    import shutil
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = sorted(glob.glob(os.path.join(root, "versions", "3.6*", "bin", "python3.6")))
+    path = found[-1] if found else shutil.which("python3.6")
+    if not path or subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == (3, 6)"],
+                                  capture_output=True).returncode != 0:
+        pytest.skip("python3.6 is not installed (Ubuntu 18.04 images still ship it)")
+    return path
+
+
+@pytest.mark.parametrize("script", ["scripts/node/build_pull_manifest.py", "scripts/node/node_probe.py",
+                                    "scripts/node/fetch_resumable.py"])
+def test_finding_23_python36_node_gets_one_line_not_a_traceback(tmp_path, script):
+    """On a Python 3.6 node the tool says it needs 3.8+ (old build_pull_manifest: SyntaxError traceback)."""
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "a.txt").write_text("x")
+    res = subprocess.run([python36(), str(REPO / script), "--root", str(tmp_path / "r"), "--roster", "a.txt"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == ["error: the node toolkit needs Python 3.8+, this is 3.6"]
+
+
+def test_finding_5_manifest_out_never_replaces_a_device_or_a_symlink(tmp_path):
+    """The report's repro: build_pull_manifest --out onto a mknod'ed /dev/null twin (root only) or a symlink
+    to /proc/self/fd/1. Refused with one line and exit 2 before any hashing; the target is untouched."""
+    res_dir = tmp_path / "results"
+    res_dir.mkdir()
+    (res_dir / "metrics.json").write_text('{"loss": 0.5}')
+    link = tmp_path / "fakestdout"
+    link.symlink_to("/proc/self/fd/1")
+    targets = [link]
+    if os.geteuid() == 0:
+        dev = tmp_path / "fakenull"
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append(dev)
+    for target in targets:
+        res = subprocess.run([PY, str(REPO / "scripts/node/build_pull_manifest.py"), "--root", str(res_dir),
+                              "--roster", "**", "--out", str(target)], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and "refusing to replace" in res.stderr
+        assert res.stdout == "" and "Traceback" not in res.stderr
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
+    if len(targets) == 1:
+        pytest.skip("symlink checked; the device-node half needs root for mknod")
+    st = os.lstat(targets[1])
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fakenull", "fakestdout", "results"]

@@ -3,7 +3,6 @@
 The meter-stop command is a stand-in shell script that appends one line per call to a file,
 so every test can see whether (and when, and with which arguments) the meter would have stopped.
 """
-import hashlib
 import json
 import os
 import re
@@ -12,11 +11,17 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from conftest import NODE, SCRIPTS, TOOLS, need
+from sshd_fixture import sshd_server  # noqa: F401  (the real sshd of the remote flows)
+
+sys.path.insert(0, str(NODE))
+import evidence  # noqa: E402
+import rgt_core as core  # noqa: E402
 
 DEADMAN = str(NODE / "deadman.py")
 POLL = "0.05"
@@ -143,16 +148,40 @@ def wait_for(predicate, timeout=10.0, step=0.05):
     return predicate()
 
 
-def make_sync(run, dest, files):
-    """Write files under dest and a sync.json that lists them, as run_one.sh's supervisor does."""
-    entries = []
+def torch_like(payload_size=4096):
+    """Bytes laid out as torch.save writes them (a zip with archive/data.pkl), so the content check passes."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        archive.writestr("archive/data/0", os.urandom(payload_size))
+    return buf.getvalue()
+
+
+def make_sync(run, results, files, run_id="r1", logs=True):
+    """What run_one.sh's end-of-run sync leaves: the outputs and logs/ in the results dir, its
+    PULL_MANIFEST.json (evidence.build_manifest), and the outcome in status.json "sync"."""
     for rel, data in files.items():
-        path = dest / rel
+        path = results / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        entries.append({"path": rel, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-    (run / "sync.json").write_text(json.dumps({"ok": True, "verified": True, "dest": str(dest), "files": entries,
-                                               "finished_at": iso(time.time()), "error": None}))
+    roster = sorted(files)
+    if logs:
+        (results / "logs").mkdir(parents=True, exist_ok=True)
+        (results / "logs" / "job.log").write_text("step 1\n")
+        roster.append("logs/**")
+    manifest, problems, _ = evidence.build_manifest(str(results), roster, run_id, allow_empty=["logs/**"],
+                                                    progress=False)
+    assert problems == [], problems
+    (results / evidence.MANIFEST_NAME).write_bytes(evidence.manifest_bytes(manifest))
+    doc = read_or_empty(run, "status.json")
+    doc.update(run_id=run_id, sync={
+        "ok": True, "verified": True, "results_dir": str(results),
+        "manifest": str(results / evidence.MANIFEST_NAME), "file_count": manifest["file_count"],
+        "total_bytes": manifest["total_bytes"], "error": None, "kept_previous": [],
+        "started_at": iso(time.time()), "finished_at": iso(time.time())})
+    (run / "status.json").write_text(json.dumps(doc))
 
 
 # ----------------------------------------------------------------------------- triggers
@@ -327,18 +356,35 @@ def test_stop_command_expands_env_vars_and_keeps_the_template(tmp_path):
 
 # ----------------------------------------------------------------------------- destructive gate
 
-@pytest.mark.parametrize("case", ["no-sync", "tampered", "truncated", "not-allowed", "verified"])
+GATE_CASES = ["no-sync", "tampered", "truncated", "not-allowed", "verified", "sync-not-ok", "logs-only",
+              "extra-file", "other-run", "damaged-manifest"]
+
+
+@pytest.mark.parametrize("case", GATE_CASES)
 def test_destructive_stop_needs_allow_and_a_verified_durable_sync(tmp_path, case):
     run = make_run(tmp_path, state="succeeded", exit_code=0)
-    dest = tmp_path / "durable" / "results" / "r1"
+    results = tmp_path / "durable" / "results" / "r1"
     if case != "no-sync":
-        make_sync(run, dest, {"ckpt/best.pt": os.urandom(4096), "metrics.json": b'{"acc": 0.9}'})
+        files = {} if case == "logs-only" else {"ckpt/best.pt": torch_like(), "metrics.json": b'{"acc": 0.9}'}
+        make_sync(run, results, files, run_id="r1")
     if case == "tampered":
-        blob = bytearray((dest / "ckpt/best.pt").read_bytes())
+        blob = bytearray((results / "ckpt/best.pt").read_bytes())
         blob[100] ^= 0x01
-        (dest / "ckpt/best.pt").write_bytes(bytes(blob))
+        (results / "ckpt/best.pt").write_bytes(bytes(blob))
     if case == "truncated":
-        (dest / "metrics.json").write_bytes(b'{"acc"')
+        (results / "metrics.json").write_bytes(b'{"acc"')
+    if case == "sync-not-ok":
+        doc = read(run, "status.json")
+        doc["sync"].update(ok=False, verified=False, error="No space left on device")
+        (run / "status.json").write_text(json.dumps(doc))
+    if case == "extra-file":
+        (results / "ckpt" / "stray.pt").write_bytes(torch_like(10))
+    if case == "other-run":
+        doc = read(run, "status.json")
+        doc["run_id"] = "r2"
+        (run / "status.json").write_text(json.dumps(doc))
+    if case == "damaged-manifest":
+        (results / evidence.MANIFEST_NAME).write_text('{"schema": "rgt-pull-manifest/1", "files": [')
     destroy, d_calls = stand_in(tmp_path, "terminate")
     pause, p_calls = stand_in(tmp_path, "pause")
     args = ["--grace-minutes", "0", "--stop-cmd", destroy, "--stop-cmd-destructive", "--fallback-stop-cmd", pause]
@@ -347,19 +393,21 @@ def test_destructive_stop_needs_allow_and_a_verified_durable_sync(tmp_path, case
     res = arm_fg(run, *args)
     assert res.returncode == 0, res.stderr
     fired = read(run, "DEADMAN_FIRED.json")
+    detail = fired["destructive_gate"]["detail"]
     if case == "verified":
         assert len(calls_of(d_calls)) == 1 and calls_of(p_calls) == []
         assert fired["destructive"] is True and fired["destructive_gate"]["passed"] is True
-        assert "refused" not in fired
+        assert "refused" not in fired and "re-verified" in detail
     else:
         assert calls_of(d_calls) == [], "destructive stop ran without a verified durable copy"
         assert len(calls_of(p_calls)) == 1, "the non-destructive fallback did not run"
         assert fired["refused"].startswith(REFUSED) and fired["destructive"] is False
         assert fired["refused_command"] == destroy and fired["command"] == pause
-    if case == "tampered":
-        assert "sha256" in fired["destructive_gate"]["detail"]
-    if case == "not-allowed":
-        assert "--allow-destructive" in fired["destructive_gate"]["detail"]
+    expected = {"no-sync": "no sync record", "tampered": "sha256", "truncated": "truncated",
+                "not-allowed": "--allow-destructive", "sync-not-ok": "No space left", "logs-only": "only the run's logs",
+                "extra-file": "extra", "other-run": "is for run 'r1'", "damaged-manifest": "manifest"}
+    if case in expected:
+        assert expected[case] in detail, detail
 
 
 def test_destructive_profile_refused_without_fallback_keeps_meter_running(tmp_path):
@@ -551,3 +599,335 @@ def test_dry_run_names_the_variables_it_resolved(tmp_path):
     assert res.returncode == 0, res.stderr
     fired = read(run, "DEADMAN_FIRED.json")
     assert fired["variables_resolved"] == ["RGT_TEST_POD"] and "pod-123" not in json.dumps(fired)
+
+
+# ----------------------------------------------------------------------------- red-team findings
+
+def import_deadman():
+    sys.path.insert(0, str(NODE))
+    try:
+        import deadman as dm
+    finally:
+        sys.path.pop(0)
+    return dm
+
+
+WRAPPED_DESTRUCTIVE = [
+    'bash -c "vastai destroy instance 1"',
+    'sh -c "vastai destroy instance 1"',
+    'bash -lc "runpodctl remove pod $RUNPOD_POD_ID"',
+    'env X=1 vastai destroy instance 1',
+    'env -i PATH=/usr/bin sh -c "vastai destroy instance 1"',
+    'sudo vastai destroy instance 1',
+    'sudo -u root bash -c "sky down -y c"',
+    'nice -n 5 timeout 60 setsid vastai destroy instance 1',
+    'sky down -y c',
+    'curl -XDELETE https://api.example.invalid/pods/1',
+    'curl -X DELETE https://api.example.invalid/pods/1',
+    'curl --request DELETE https://api.example.invalid/pods/1',
+    'curl -K /root/.config/rgt/stop.curlrc',
+    'python3 -c "api.terminateInstance()"',
+    'python3 -c "import os; os.system(\'echo hi\')"',
+    'perl -e "print 1"',
+    'dd if=/dev/zero of=/dev/sda',
+    'mkfs.ext4 /dev/nvme0n1',
+    'shred -u /workspace/ckpt.pt',
+    'wipe -rf /workspace',
+    'terminateInstance 42',
+    'api_terminate_instance 42',
+    'delete_pod 42',
+    'bash -c "echo vastai destroy instance 42 >> /tmp/destroyed.log"',
+    'bash -c "$(printf %s dmFzdGFp | base64 -d) stop 1"',
+    'sh -c "eval $STOP"',
+    '$STOP_COMMAND',
+    'bash -c "cat /dev/zero > /dev/sda"',
+    'docker exec pod sh -c "rm -rf /data"',
+    'ssh bastion "vastai destroy instance 1"',
+    'bash',
+    'awk "BEGIN { system(\\"x\\") }"',
+]
+KNOWN_SAFE = [
+    "shutdown -h now",
+    "true",
+    "runpodctl stop pod ID",
+    "vastai stop instance ID",
+    "runpodctl stop pod $RUNPOD_POD_ID",
+    "vastai stop instance $CONTAINER_ID",
+    "shutdown",
+    "sudo shutdown -h now",
+    "sky stop -y c",
+    "aws ec2 stop-instances --instance-ids i-1",
+    "curl -X POST https://api.example.invalid/v1/pods/1/stop",
+    "bash -c 'setsid sleep 300 & exit 1'",
+    # a stand-in script named by path: its folder (here the test's, named after a test) does not decide
+    "/tmp/pytest-of-root/test_removed_run_dir0/stop.sh meter-off",
+]
+
+
+@pytest.mark.parametrize("command", WRAPPED_DESTRUCTIVE)
+def test_finding_3_wrapped_destructive_stops_are_detected(command):
+    assert import_deadman().destructive_word(command), command
+
+
+@pytest.mark.parametrize("command", KNOWN_SAFE)
+def test_finding_3_known_safe_stops_stay_non_destructive(command):
+    assert import_deadman().destructive_word(command) is None, command
+
+
+def test_finding_3_the_report_repro_never_runs_the_wrapped_destroy(tmp_path):
+    """deadman.py arm with a `bash -c "... destroy ..."` stop after sync_failed and without --allow-destructive."""
+    run = make_run(tmp_path, state="sync_failed", exit_code=0, ended_at=iso(time.time()))
+    doc = read(run, "status.json")
+    doc["sync"] = {"ok": False, "verified": False, "error": "disk full", "results_dir": str(tmp_path / "r"),
+                   "manifest": None}
+    (run / "status.json").write_text(json.dumps(doc))
+    destroyed = tmp_path / "destroyed.log"
+    res = arm_fg(run, "--grace-minutes", "0.02", "--stop-cmd",
+                 'bash -c "echo vastai destroy instance 42 >> %s"' % destroyed)
+    assert res.returncode == 1, res.stderr
+    assert not destroyed.exists(), "the wrapped destroy ran"
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert fired["refused"].startswith(REFUSED) and fired["destructive_gate"]["passed"] is False
+    assert "destroy" in res.stderr
+
+
+def test_finding_3_a_variable_that_expands_to_a_destroy_is_caught_at_fire_time(tmp_path):
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    stop, calls = stand_in(tmp_path)
+    fallback, fb_calls = stand_in(tmp_path, "pause")
+    env = dict(os.environ, RGT_TEST_ACTION="destroy")
+    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop + " $RGT_TEST_ACTION instance 1",
+                 "--fallback-stop-cmd", fallback, env=env)
+    assert res.returncode == 0, res.stderr
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert calls_of(calls) == [] and len(calls_of(fb_calls)) == 1
+    assert fired["destructive_inferred_at_fire"] == "destroy" and fired["refused"].startswith(REFUSED)
+
+
+def detached_child_stop(tmp_path, name, then):
+    """A stop command that leaves a detached child (its own session) holding stdout, then THEN."""
+    pids = tmp_path / ("%s.pids" % name)
+    script = tmp_path / ("%s.sh" % name)
+    script.write_text('#!/bin/sh\nsetsid sh -c \'echo $$ >> "%s"; exec sleep 300\' &\n%s\n' % (pids, then))
+    script.chmod(0o755)
+    return str(script), pids
+
+
+@pytest.mark.parametrize("then", ["exit 1", "exec sleep 300"])
+def test_finding_7_a_stop_that_leaves_a_detached_child_is_bounded_then_the_fallback_runs(tmp_path, then):
+    """The report's repro: each attempt took 300 s (communicate() waited for the orphan's pipe)."""
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    stop, pids = detached_child_stop(tmp_path, "stop", then)
+    fallback, fb_calls = stand_in(tmp_path, "pause")
+    started = time.monotonic()
+    try:
+        res = arm_fg(run, "--grace-minutes", "0.01", "--stop-cmd", stop, "--stop-timeout", "1", "--retries", "2",
+                     "--retry-backoff", "0.1", "--fallback-stop-cmd", fallback, timeout=120)
+        assert res.returncode == 0, res.stderr
+        fired = read(run, "DEADMAN_FIRED.json")
+        assert len(fired["attempts"]) == 2 and all(a["seconds"] < 30 for a in fired["attempts"]), fired["attempts"]
+        if then != "exit 1":
+            assert all(a["timed_out"] for a in fired["attempts"])
+        assert fired["fallback"]["ok"] is True and len(calls_of(fb_calls)) == 1 and fired["ok"] is True
+        assert "fallback" in fired["message"]
+        assert time.monotonic() - started < 100
+    finally:
+        for line in (pids.read_text().split() if pids.exists() else []):
+            try:
+                os.kill(int(line), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_finding_7_minor_the_fallback_runs_when_the_primary_fails_every_retry(tmp_path):
+    run = make_run(tmp_path, state="succeeded", exit_code=0)
+    stop, calls = stand_in(tmp_path, rc=5)
+    fallback, fb_calls = stand_in(tmp_path, "pause")
+    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop, "--retries", "2", "--retry-backoff", "0.05",
+                 "--fallback-stop-cmd", fallback)
+    assert res.returncode == 0, res.stderr
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert [a["rc"] for a in fired["attempts"]] == [5, 5] and len(calls_of(calls)) == 2
+    assert len(calls_of(fb_calls)) == 1 and fired["fallback"]["attempts"][0]["rc"] == 0 and fired["ok"] is True
+    # and when the fallback fails too, the record says the meter may still be running
+    (run / "DEADMAN_FIRED.json").unlink()
+    bad_fallback, _ = stand_in(tmp_path, "broken", rc=7)
+    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop, "--retries", "1", "--fallback-stop-cmd", bad_fallback)
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert res.returncode == 1 and fired["ok"] is False and "may still be running" in fired["message"]
+
+
+class InProcess(object):
+    """One dead-man run in a thread of this process, so that time.time can be stepped as the report did."""
+
+    def __init__(self, monkeypatch, run, *args):
+        self.dm_mod = import_deadman()
+        parsed = self.dm_mod.build_parser().parse_args(
+            ["arm", "--run-dir", str(run), "--poll-seconds", "0.05", "--dry-run", "--stop-cmd", "true"] + list(args))
+        cfg, _ = self.dm_mod.build_config(parsed, str(run))
+        self.dm = self.dm_mod.Deadman(str(run), cfg, foreground=False)
+        self.evaluations = 0
+        evaluate = self.dm.evaluate
+
+        def counted(now):
+            self.evaluations += 1
+            return evaluate(now)
+        self.dm.evaluate = counted
+        monkeypatch.setattr(self.dm_mod.signal, "signal", lambda *a: None)   # handlers need the main thread
+        self.result = {}
+        self.thread = threading.Thread(target=lambda: self.result.setdefault("rc", self.dm.loop()), daemon=True)
+
+    def step_clock(self, monkeypatch, seconds, after=0.3):
+        real, start = time.time, time.monotonic()
+        monkeypatch.setattr(time, "time", lambda: real() + (seconds if time.monotonic() - start > after else 0.0))
+
+    def start(self):
+        self.dm.write_state()
+        self.thread.start()
+
+    def wait_fired(self, run, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.thread.is_alive():
+            time.sleep(0.05)
+        self.stop()
+        return read_or_empty(run, "DEADMAN_FIRED.json")
+
+    def stop(self):
+        self.dm.stop_requested = signal.SIGTERM
+        self.thread.join(10)
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def running_job(tmp_path, proc):
+    return make_run(tmp_path, state="running", job_pid=proc.pid, job_identity=core.process_identity(proc.pid),
+                    started_at=iso(time.time()))
+
+
+def test_finding_10_a_backward_clock_step_does_not_delay_the_grace(tmp_path, monkeypatch):
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    watch = InProcess(monkeypatch, run, "--grace-minutes", "0.02")      # 1.2 s
+    watch.step_clock(monkeypatch, -3600)
+    watch.start()
+    fired = watch.wait_fired(run)
+    assert fired.get("reason") == "job_ended", "a 1 h backward step delayed the grace (old: by the full hour)"
+
+
+def test_finding_10_a_backward_clock_step_does_not_delay_the_cap(tmp_path, monkeypatch, sleeper):
+    run = running_job(tmp_path, sleeper)
+    watch = InProcess(monkeypatch, run, "--max-hours", "0.0005", "--stall-minutes", "0")   # 1.8 s
+    watch.step_clock(monkeypatch, -3600)
+    watch.start()
+    assert watch.wait_fired(run).get("reason") == "max_hours"
+
+
+def test_finding_10_a_forward_clock_step_does_not_fire_the_cap_early(tmp_path, monkeypatch, sleeper):
+    run = running_job(tmp_path, sleeper)
+    watch = InProcess(monkeypatch, run, "--max-hours", "1", "--stall-minutes", "0")
+    watch.step_clock(monkeypatch, 2 * 3600)
+    watch.start()
+    end = time.monotonic() + 60
+    while time.monotonic() < end and watch.thread.is_alive() and watch.evaluations < 40:   # ~30 looks after the step
+        time.sleep(0.05)
+    still_watching = watch.thread.is_alive()
+    watch.stop()
+    assert not (run / "DEADMAN_FIRED.json").exists(), "a 2 h forward step fired a 1 h cap after seconds"
+    assert still_watching and watch.evaluations >= 40, "the in-process dead-man stopped looking"
+
+
+def test_finding_11_a_reused_pid_is_not_an_armed_deadman(tmp_path, sleeper):
+    """An unrelated live process whose pid sits in deadman.json without its start time."""
+    run = make_run(tmp_path, state="succeeded", exit_code=0)
+    ident = core.process_identity(sleeper.pid)
+    wrong = dict(ident, start_ticks=ident["start_ticks"] - 1000)
+    (run / "deadman.json").write_text(json.dumps({"pid": sleeper.pid, "identity": wrong, "state": "armed",
+                                                  "config": {}, "armed_at": iso(time.time())}))
+    st = deadman("status", "--run-dir", run)
+    assert st.returncode == 1 and st.stdout.startswith("DOWN"), st.stdout
+    assert json.loads(deadman("status", "--run-dir", run, "--json").stdout)["watching"] is False
+    # an older writer's record (no identity) whose pid started after the arming: the same
+    (run / "deadman.json").write_text(json.dumps({"pid": sleeper.pid, "state": "armed", "config": {},
+                                                  "armed_at": iso(time.time() - 3600)}))
+    assert deadman("status", "--run-dir", run).stdout.startswith("DOWN")
+    # and nothing stops a new dead-man from arming on this run dir
+    res = arm_fg(run, "--grace-minutes", "0", "--dry-run", "--stop-cmd", "true")
+    assert res.returncode == 0, res.stderr
+
+
+def test_finding_11_a_reused_job_pid_is_a_finished_job_and_is_never_signalled(tmp_path, sleeper):
+    ident = core.process_identity(sleeper.pid)
+    run = make_run(tmp_path, state="running", job_pid=sleeper.pid, started_at=iso(time.time()),
+                   job_identity=dict(ident, start_ticks=ident["start_ticks"] - 1000))
+    stop, calls = stand_in(tmp_path)
+    res = arm_fg(run, "--grace-minutes", "0.01", "--stall-minutes", "0.005", "--stop-cmd", stop,
+                 "--term-grace-seconds", "1", "--sync-wait-seconds", "0")
+    assert res.returncode == 0, res.stderr
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert fired["reason"] == "job_ended" and "job_term" not in fired, fired
+    assert sleeper.poll() is None, "the dead-man signalled an unrelated process that reused the job's pid"
+
+
+def ssh_session_count(run):
+    return json.loads(deadman("status", "--run-dir", run, "--json").stdout)["ssh_sessions"]
+
+
+def open_idle_session(sshd_server, procs):
+    """A session that stays open and silent, like a ControlPersist master or a forgotten window."""
+    client = subprocess.Popen([sshd_server.ssh, "-F", str(sshd_server.config), "-o", "ControlMaster=no",
+                               "-o", "ControlPath=none", sshd_server.alias, "sleep 120"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(client)
+    return client
+
+
+def test_finding_13_the_ssh_wait_is_capped(tmp_path, procs, sshd_server):
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    baseline = ssh_session_count(run)
+    open_idle_session(sshd_server, procs)
+    assert wait_for(lambda: ssh_session_count(run) > baseline, 15), "the SSH session was not seen in /proc"
+    stop, calls = stand_in(tmp_path)
+    res = arm_fg(run, "--grace-minutes", "0.005", "--wait-ssh", "--ssh-idle-minutes", "0",
+                 "--ssh-wait-max-minutes", "0.03", "--stop-cmd", stop, timeout=60)
+    assert res.returncode == 0, res.stderr
+    fired = read(run, "DEADMAN_FIRED.json")
+    assert fired["reason"] == "job_ended" and "SSH wait capped" in fired["detail"], fired
+    log = (run / "deadman.log").read_text()
+    assert re.search(r"waiting for \d+ SSH session", log) and "SSH wait cap" in log
+    assert len(calls_of(calls)) == 1
+
+
+def test_finding_13_an_idle_ssh_session_stops_holding_the_deadman_off(tmp_path, procs, sshd_server):
+    if os.geteuid() != 0:
+        pytest.skip("traffic counters of sshd's session processes (/proc/PID/io) are readable by root only")
+    run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    baseline = ssh_session_count(run)
+    open_idle_session(sshd_server, procs)
+    assert wait_for(lambda: ssh_session_count(run) > baseline, 15), "the SSH session was not seen in /proc"
+    stop, calls = stand_in(tmp_path)
+    res = arm_fg(run, "--grace-minutes", "0.005", "--wait-ssh", "--ssh-idle-minutes", "0.02",
+                 "--ssh-wait-max-minutes", "0.5", "--stop-cmd", stop, timeout=90)
+    assert res.returncode == 0, res.stderr
+    fired = read(run, "DEADMAN_FIRED.json")
+    log = (run / "deadman.log").read_text()
+    if "SSH session(s) idle" not in log and "SSH wait capped" in fired["detail"]:
+        pytest.skip("other, busy SSH sessions on this host kept the dead-man waiting until the cap (correct)")
+    assert "SSH session(s) idle" in log and "SSH wait capped" not in fired["detail"], (fired, log)
+    assert fired["reason"] == "job_ended" and len(calls_of(calls)) == 1
+
+
+def test_every_option_is_in_the_docstring():
+    dm = import_deadman()
+    doc = dm.__doc__
+    parser = dm.build_parser()
+    flags = set()
+    for action in parser._subparsers._group_actions[0].choices.values():
+        for act in action._actions:
+            flags.update(f for f in act.option_strings if f.startswith("--") and f != "--help")
+    assert sorted(f for f in flags if f not in doc) == []
+    assert sorted(set(re.findall(r"--[a-z][a-z-]+", doc)) - flags - {"--help"}) == []

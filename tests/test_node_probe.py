@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -181,7 +182,7 @@ def test_bad_input_is_exit_2_one_line(args, tmp_path):
     assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("node_probe: error:"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("node_probe.py: error:"), proc.stderr  # the toolkit's prefix
     assert "Traceback" not in proc.stderr
 
 
@@ -203,19 +204,20 @@ def test_profile_defaults_and_lookup(tmp_path):
     assert rep["disk_paths"]["data"]["source"] == "flag"
     proc = run_probe("--profile", "other", env_extra=env)
     assert proc.returncode == 2
-    assert "unknown profile 'other'" in proc.stderr and "demo" in proc.stderr
+    assert "profile 'other' is not in" in proc.stderr and "known: demo" in proc.stderr
     index.write_text("{not json")
     proc = run_probe("--profile", "demo", env_extra=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_profile_index_next_to_a_copied_script(tmp_path):
-    """On a node the script and index.json are copied side by side (third lookup step)."""
-    shutil.copy(PROBE, tmp_path / "node_probe.py")
-    (tmp_path / "index.json").write_text(json.dumps({"profiles": {"local": {"defaults": {
+def test_profile_index_next_to_a_pushed_toolkit(tmp_path):
+    """On a node the toolkit folder travels as one unit, with profiles/index.json copied beside the core."""
+    node = tmp_path / "rgt-bin"
+    shutil.copytree(NODE, node, ignore=shutil.ignore_patterns("__pycache__"))
+    (node / "index.json").write_text(json.dumps({"profiles": {"local": {"defaults": {
         "DATA_DIR": str(tmp_path), "DURABLE_DIR": None}}}}))
     env = {k: v for k, v in os.environ.items() if k != "RGT_PROFILE_INDEX"}
-    proc = subprocess.run([sys.executable, str(tmp_path / "node_probe.py"), "--json", "--profile", "local"],
+    proc = subprocess.run([sys.executable, str(node / "node_probe.py"), "--json", "--profile", "local"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["disk_paths"]["data"]["path"] == str(tmp_path)
@@ -298,3 +300,130 @@ def test_torch_subprocess_only_on_request():
 def test_help_works():
     proc = run_probe("--help")
     assert proc.returncode == 0 and "Exit codes" in proc.stdout
+
+
+# ---------------------------------------------------------------- the core's rules, as node_probe applies them
+
+def is_root():
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def test_finding_5_out_refuses_a_symlink_and_a_fifo(tmp_path):
+    """--out onto /proc/self/fd/1 (a symlink) or a FIFO: one line, exit 2, the target untouched."""
+    link = tmp_path / "fakestdout"
+    link.symlink_to("/proc/self/fd/1")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for target in (link, fifo):
+        proc = run_probe("--out", str(target), "--data-dir", str(tmp_path))
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "refusing to replace" in lines[0] and "Traceback" not in proc.stderr
+        assert proc.stdout == ""
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+@pytest.mark.skipif(not is_root(), reason="mknod of a character device needs root (rented boxes run as root)")
+def test_finding_5_out_refuses_a_device_node(tmp_path):
+    """The report's repro: mknod c 1 3 (a /dev/null twin), then node_probe --out onto it."""
+    dev = tmp_path / "fakenull"
+    os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    proc = run_probe("--out", str(dev), "--data-dir", str(tmp_path))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "device" in proc.stderr
+    st = os.lstat(dev)
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fakenull"], "a temp file was left behind"
+
+
+def test_out_dash_prints_the_report_once(tmp_path):
+    proc = run_probe("--out", "-", "--data-dir", str(tmp_path))
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["schema"] == "rgt-node-probe/1"
+
+
+FAKE_MIG = """
+    import sys
+    args = sys.argv[1:]
+    if not args:
+        print("| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4 |")
+        sys.exit(0)
+    if args[0].startswith("--query-gpu="):
+        print("0, NVIDIA H100 80GB HBM3, 81559, 10, [N/A], 550.54.15")
+        sys.exit(0)
+    sys.exit(9)
+"""
+
+
+def test_na_utilisation_prints_n_a_not_none(tmp_path):
+    """MIG cards answer [N/A] for utilization.gpu (stand-in nvidia-smi: this box has no GPU)."""
+    fake = write_fake_smi(tmp_path / "bin", FAKE_MIG)
+    proc = run_probe(path_first=fake)
+    assert proc.returncode == 0, proc.stderr
+    gpu = next(l for l in proc.stdout.splitlines() if " gpu 0 " in l)
+    assert "util n/a" in gpu and "None" not in gpu
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 4 MiB tmpfs with 200 inodes: a real filesystem under the toolkit's inode floor (root only)."""
+    if not is_root() or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    point = tmp_path / "tiny"
+    point.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(point)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: %s" % res.stderr.strip())
+    yield point
+    subprocess.run(["umount", str(point)], capture_output=True)
+
+
+def test_the_one_inode_floor_applies_to_every_disk_gate(tiny_fs):
+    """--min-free-gb alone still gates inodes, at rgt_core.DEFAULT_MIN_FREE_INODES (10,000)."""
+    proc = run_probe("--json", "--data-dir", str(tiny_fs), "--min-free-gb", "0")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    reasons = json.loads(proc.stdout)["gate"]["reasons"]
+    assert len(reasons) == 1 and "inodes free < 10000" in reasons[0] and "inode floor" in reasons[0]
+    proc = run_probe("--data-dir", str(tiny_fs), "--min-free-gb", "0", "--min-free-inodes", "10")
+    assert proc.returncode == 0, proc.stderr
+    proc = run_probe("disk-gate", str(tiny_fs / "not-yet" / "made"))
+    assert proc.returncode == 3 and "below the floor of 10000" in proc.stdout
+
+
+def test_disk_gate_subcommand(tmp_path):
+    proc = run_probe("disk-gate", "--min-free-gb", "0", "--min-free-inodes", "1", str(tmp_path / "later"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OK disk ") and proc.stderr == ""
+    proc = run_probe("disk-gate", "--min-free-gb", "1e9", "--json", str(tmp_path), "--writable", str(tmp_path / "w"))
+    assert proc.returncode == 3
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is False and doc["status"] == "REFUSED"
+    assert [c["status"] for c in doc["checks"]] == ["REFUSED", "OK"]
+    assert "below the floor of 1e+09 GiB" in doc["checks"][0]["line"]
+    assert (tmp_path / "w").is_dir() and list((tmp_path / "w").iterdir()) == []   # the probe cleaned up
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_probe("disk-gate", str(tmp_path), "--writable", str(blocker / "sub"))
+    assert proc.returncode == 3 and "not writable" in proc.stdout
+    for args in ([], ["--min-free-gb", "x", str(tmp_path)], [""], ["--bogus", str(tmp_path)]):
+        proc = run_probe("disk-gate", *args)
+        assert proc.returncode == 2, args
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("node_probe.py: error:")
+
+
+@pytest.mark.parametrize("name", ["node_probe", "fetch_resumable", "build_pull_manifest"])
+def test_every_option_is_in_the_docstring_and_back(name):
+    import importlib
+    import re
+    sys.path.insert(0, str(NODE))
+    try:
+        mod = importlib.import_module(name)
+    finally:
+        sys.path.remove(str(NODE))
+    parsers = [mod.build_parser()] + ([mod.build_gate_parser()] if hasattr(mod, "build_gate_parser") else [])
+    accepted = {o for p in parsers for a in p._actions for o in a.option_strings if o.startswith("--")}
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", mod.__doc__))
+    assert accepted - named == set(), "accepted but not in the docstring"
+    assert named - accepted == set(), "in the docstring but not accepted"

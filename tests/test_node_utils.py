@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -447,11 +448,14 @@ def test_mirrors_check_reachability(tmp_path):
 # --------------------------------------------------------------------------- fetch_resumable.py
 
 class FileServer:
-    """Serves one blob with Range support. Modes: normal, drop_once (half, then close), stall, 404."""
+    """Serves one blob with Range support. Modes: normal, drop_once (half, then close), drop_always (the
+    first drop_after bytes of every answer, then close), stall, 404."""
 
-    def __init__(self, data, mode="normal", stall_after=4096, honor_range=True):
+    def __init__(self, data, mode="normal", stall_after=4096, honor_range=True, drop_after=100000):
         self.data, self.mode, self.stall_after, self.honor_range = data, mode, stall_after, honor_range
+        self.drop_after = drop_after
         self.ranges = []
+        self.auth = []
         self.release = threading.Event()
         outer = self
 
@@ -462,6 +466,7 @@ class FileServer:
             def do_GET(self):
                 rng = self.headers.get("Range")
                 outer.ranges.append(rng)
+                outer.auth.append(self.headers.get("Authorization"))
                 if outer.mode == "404":
                     self.send_error(404)
                     return
@@ -478,6 +483,11 @@ class FileServer:
                 first = len(outer.ranges) == 1
                 if outer.mode == "drop_once" and first:
                     self.wfile.write(body[:len(body) // 2])
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if outer.mode == "drop_always":
+                    self.wfile.write(body[:outer.drop_after])
                     self.wfile.flush()
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
@@ -634,3 +644,214 @@ def test_fetch_logs_hide_credentials_and_query(tmp_path, blob, servers):
     assert proc.returncode == 1
     text = proc.stdout + proc.stderr
     assert "pa55word" not in text and "t0ken-value" not in text
+
+
+def no_secret_anywhere(secret, *texts, folder=None):
+    """The secret appears in none of the texts nor in any file left in FOLDER (.part.json included)."""
+    for text in texts:
+        assert secret not in text, text[:2000]
+    for path in (folder.rglob("*") if folder else []):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_finding_9_range_ignoring_server_that_drops_gives_up_then_falls_back(tmp_path, blob, servers):
+    """The report's repro: 200 with the full Content-Length, 100 KB, close; Range ignored. Bounded attempts,
+    then the --fallback source (old code: 192 requests in 20 s, fallback never tried)."""
+    bad = servers(blob, mode="drop_always", honor_range=False, drop_after=100000)
+    good = servers(blob)
+    out = tmp_path / "out.bin"
+    proc, res = fetch(bad.url + "?X-Amz-Signature=SECRETSIG", "--fallback", good.url, "--out", str(out),
+                      "--retries", "2", "--backoff-max", "0.1", "--stall-seconds", "2", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    # attempt 1 moved the offset 0 -> 100 KB (progress); 2 and 3 restarted from 0 and got no further
+    assert len(bad.ranges) == 3, bad.ranges
+    tried = [a for a in res["attempts"] if a["source"].startswith(bad.url)]
+    assert [a["progress"] for a in tried] == [True, False, False]
+    assert "giving up on this source" in proc.stderr and "falling back" in proc.stderr
+    assert good.ranges == ["bytes=100000-"] and out.read_bytes() == blob
+    # no fallback: the same server ends in a clear failure, never an endless loop
+    out2 = tmp_path / "only" / "out.bin"
+    proc, res = fetch(bad.url, "--out", str(out2), "--retries", "2", "--backoff-max", "0.1", timeout=60)
+    assert proc.returncode == 1 and res["status"] == "failed"
+    assert len([a for a in res["attempts"]]) == 3
+
+
+def test_finding_20_no_signed_url_on_disk(tmp_path, blob, servers):
+    """A signed URL's query string never reaches FILE.part.json (kept for a resume), the JSON result or
+    stderr; the same-source check keeps a SHA-256 of the URL instead."""
+    slow = servers(blob, mode="stall", stall_after=50000)
+    url = slow.url + "?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Signature=SECRETSIG"
+    out = tmp_path / "out.bin"
+    proc, res = fetch(url, "--out", str(out), "--stall-seconds", "0.5", "--retries", "1")
+    assert proc.returncode == 1
+    meta = json.loads((tmp_path / "out.bin.part.json").read_text())
+    assert meta["source"] == slow.url + "?<redacted>"
+    assert meta["source_sha256"] == hashlib.sha256(url.encode()).hexdigest()
+    for secret in ("SECRETSIG", "AKIAEXAMPLE"):
+        no_secret_anywhere(secret, proc.stdout, proc.stderr, folder=tmp_path)
+    # the resume from the same (signed) URL still gets If-Range: the hash matched
+    good = servers(blob)
+    proc, res = fetch(good.url + "?X-Amz-Signature=SECRETSIG", "--out", str(out))
+    assert proc.returncode == 0 and out.read_bytes() == blob
+    no_secret_anywhere("SECRETSIG", proc.stdout, proc.stderr, folder=tmp_path)
+
+
+def test_user_password_urls_work_and_stay_secret(tmp_path, blob, servers):
+    """https://user:password@host/ is sent as HTTP Basic auth (urllib alone cannot resolve such a host)."""
+    srv = servers(blob, mode="drop_once")
+    url = srv.url.replace("http://", "http://alice:pa55word@")
+    out = tmp_path / "out.bin"
+    proc, res = fetch(url, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == blob
+    assert srv.auth and all(a == "Basic YWxpY2U6cGE1NXdvcmQ=" for a in srv.auth)
+    no_secret_anywhere("pa55word", proc.stdout, proc.stderr, json.dumps(res), folder=tmp_path)
+
+
+def test_finding_5_fetch_never_replaces_a_symlink_or_a_device(tmp_path, blob, servers):
+    srv = servers(blob)
+    real = tmp_path / "real.bin"
+    real.write_bytes(b"keep")
+    link = tmp_path / "link.bin"
+    link.symlink_to(real)
+    targets = [link]
+    if os.geteuid() == 0:
+        dev = tmp_path / "fakenull"
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append(dev)
+    for target in targets:
+        for extra in ([], ["--force"]):
+            proc = subprocess.run([sys.executable, str(FETCH), srv.url, "--out", str(target), *extra],
+                                  capture_output=True, text=True, env=base_env(), timeout=60)
+            assert proc.returncode == 2, (target, extra, proc.stderr)
+            assert len(proc.stderr.strip().splitlines()) == 1 and "refusing to replace" in proc.stderr
+    assert link.is_symlink() and real.read_bytes() == b"keep"
+    if len(targets) > 1:
+        st = os.lstat(targets[1])
+        assert stat.S_ISCHR(st.st_mode) and os.minor(st.st_rdev) == 3
+    # a .part that is a symlink (to a file someone cares about) is not written through either
+    (tmp_path / "new.bin.part").symlink_to(real)
+    proc = subprocess.run([sys.executable, str(FETCH), srv.url, "--out", str(tmp_path / "new.bin")],
+                          capture_output=True, text=True, env=base_env(), timeout=60)
+    assert proc.returncode == 2 and real.read_bytes() == b"keep"
+    assert srv.ranges == [], "nothing was downloaded for a refused target"
+
+
+# --------------------------------------------------------------------------- --json of the shell tools
+
+def test_gpu_health_json_matches_the_lines(tmp_path):
+    """Stand-in nvidia-smi (no GPU here); a GPU name with quotes and a backslash must still give valid JSON."""
+    odd = dict(HEALTHY, name='NVIDIA "Odd" \\ GPU')
+    bad = dict(HEALTHY, **{"ecc.errors.uncorrected.volatile.total": 3})
+    env = fake_smi(tmp_path, {"gpus": [odd, bad]})
+    lines = bash("gpu_health.sh", env=env)
+    proc = bash("gpu_health.sh", "--json", env=env)
+    assert proc.returncode == lines.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "FAIL" and lines.stdout.strip().splitlines()[-1].startswith("RESULT: FAIL")
+    assert doc["gpus"] == [0, 1] and doc["fails"] == 1
+    assert [c["status"] + " " + c["message"] for c in doc["checks"]] == [
+        l[:4].strip() + " " + l[5:] for l in lines.stdout.splitlines() if not l.startswith("RESULT")]
+    assert any('NVIDIA "Odd" \\ GPU' in c["message"] for c in doc["checks"])
+    assert json.loads(bash("gpu_health.sh", "--json").stdout)["status"] == "NO_GPU"
+    broken = fake_smi(tmp_path, {"gpus": [HEALTHY], "broken": True})
+    doc = json.loads(bash("gpu_health.sh", "--json", env=broken).stdout)
+    assert doc["status"] == "FAIL" and "cannot reach the driver" in doc["checks"][0]["message"]
+
+
+def test_gpu_health_hung_driver_is_bounded(tmp_path):
+    """A stand-in nvidia-smi that never answers: --timeout holds, the result is FAIL, not a hang."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 300\n")
+    (folder / "nvidia-smi").chmod(0o755)
+    start = time.monotonic()
+    proc = bash("gpu_health.sh", "--timeout", "1", "--json", env=base_env(folder), timeout=60)
+    assert time.monotonic() - start < 30
+    assert proc.returncode == 1 and json.loads(proc.stdout)["status"] == "FAIL"
+
+
+def test_reaper_json(tmp_path, orphan_and_owned):
+    orphan, owned = orphan_and_owned
+    pids = tmp_path / "pids.txt"
+    pids.write_text("%d, 1200\n%d\n" % (orphan, owned))
+    proc = bash("reap_vram_zombies.sh", "--pids-from", str(pids), "--min-age", "0", "--json", *reaper_args(orphan))
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "OK" and doc["kill"] is False and doc["orphans"] == 1 and doc["actions"] == []
+    by_pid = {p["pid"]: p for p in doc["processes"]}
+    assert by_pid[orphan]["class"] == "ORPHAN" and by_pid[orphan]["source"] == "file"
+    assert by_pid[owned]["class"] == "OWNED" and by_pid[owned]["mem_mib"] is None
+    assert is_alive(orphan), "listing never kills"
+    proc = bash("reap_vram_zombies.sh", "--pids-from", str(pids), "--min-age", "0", "--kill", "--grace", "3",
+                "--json", *reaper_args(orphan))
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 0 and doc["killed"] == 1
+    assert doc["actions"] == [{"action": "KILLED", "pid": orphan, "detail": "with SIGTERM"}]
+    assert json.loads(bash("reap_vram_zombies.sh", "--json").stdout)["status"] in ("NO_GPU", "OK")
+
+
+def test_mem_monitor_json_lines(tmp_path):
+    cg = tmp_path / "cg"
+    cg.mkdir()
+    (cg / "memory.max").write_text("1073741824\n")
+    (cg / "memory.current").write_text("1050000000\n")
+    (cg / "memory.stat").write_text("anon 1000000000\ninactive_file 20000000\n")
+    (cg / "memory.events").write_text("oom_kill 0\n")
+    proc = bash("mem_monitor.sh", "--cgroup-dir", str(cg), "--interval", "0.1", "--count", "2", "--json")
+    assert proc.returncode == 1
+    rows = [json.loads(l) for l in proc.stdout.splitlines()]
+    assert len(rows) == 2 and all(r["status"] == "WARN" for r in rows)
+    assert rows[0]["cg_limit_mib"] == 1024 and rows[0]["cg_pct"] == 95.9 and rows[0]["gpu_mem_used_mib"] is None
+    assert rows[0]["time"].endswith("Z")
+    out = tmp_path / "m.csv"
+    bash("mem_monitor.sh", "--interval", "0.1", "--count", "1", "--out", str(out))
+    proc = bash("mem_monitor.sh", "--interval", "0.1", "--count", "1", "--out", str(out), "--json")
+    assert proc.returncode == 2 and "already holds CSV" in proc.stderr
+
+
+def test_mirrors_check_json(tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = base_env()
+        url = "http://127.0.0.1:%d" % server.server_address[1]
+        env.update(HF_ENDPOINT=url, PIP_INDEX_URL="http://bob:tok3n@127.0.0.1:%d/simple" % server.server_address[1],
+                   RGT_CHECK_TIMEOUT="3")
+        proc = subprocess.run(["bash", str(MIRRORS), "--check", "--quiet", "--json"], capture_output=True,
+                              text=True, env=env, timeout=30)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        doc = json.loads(proc.stdout)
+        assert doc["status"] == "OK" and [e["ok"] for e in doc["endpoints"]] == [True, True]
+        assert doc["endpoints"][0] == {"url": url, "ok": True, "http_status": 200}
+        assert "tok3n" not in proc.stdout
+    finally:
+        server.shutdown()
+
+
+# --------------------------------------------------------------------------- every option in the header
+
+SHELL_OPTIONS = ["gpu_health.sh", "mem_monitor.sh", "reap_vram_zombies.sh", "setup-china-mirrors.sh",
+                 "run_queue.sh"]
+
+
+def header_and_code(name):
+    lines = (NODE / name).read_text().splitlines()
+    head = []
+    for line in lines[1:]:
+        if not line.startswith("#"):
+            break
+        head.append(line)
+    return "\n".join(head), "\n".join(lines[len(head) + 1:])
+
+
+@pytest.mark.parametrize("name", SHELL_OPTIONS)
+def test_every_shell_option_is_in_the_header_and_back(name):
+    import re
+    head, code = header_and_code(name)
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", head))
+    accepted = set(re.findall(r"^\s*(?:[-\w|]+\s*\|\s*)?(--[a-z][a-z0-9-]+)(?:=\*)?\s*(?:\|[^)]*)?\)", code, re.M))
+    assert accepted, "no option parsing found"
+    assert accepted - named == set(), "accepted but not in the header"
+    assert named - accepted == set(), "in the header but not accepted"

@@ -22,6 +22,7 @@ from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_module
 from sshd_fixture import sshd_server  # noqa: F401  (session fixture: real sshd + ssh config "gpu-box")
 
 sys.path.insert(0, str(SCRIPTS)); sys.path.insert(0, str(NODE))
+import evidence  # noqa: E402
 import pull_verified  # noqa: E402  (pure helpers, tested in-process)
 
 BUILD = NODE / "build_pull_manifest.py"
@@ -54,13 +55,17 @@ def sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+# A legacy-pickle magic byte first: the content check accepts it as a torch checkpoint, the rest is noise.
+HEAD = b"\x80\x02GOOD"
+
+
 def make_results(root: Path, seed: int = 0) -> Path:
     """A finished run's outputs: two checkpoints, metrics, a final summary, and a log NOT in the roster."""
     rng = __import__("random").Random(seed)
     (root / "ckpt" / "sub").mkdir(parents=True)
     (root / "logs").mkdir()
-    (root / "ckpt" / "epoch_1.pt").write_bytes(b"GOOD" + rng.randbytes(150_000))
-    (root / "ckpt" / "sub" / "epoch_2.pt").write_bytes(b"GOOD" + rng.randbytes(90_000))
+    (root / "ckpt" / "epoch_1.pt").write_bytes(HEAD + rng.randbytes(150_000))
+    (root / "ckpt" / "sub" / "epoch_2.pt").write_bytes(HEAD + rng.randbytes(90_000))
     (root / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 1 / (i + 1)}) + "\n"
                                                 for i in range(50)))
     (root / "final.json").write_text(json.dumps({"steps_done": 50, "loss": 0.02}))
@@ -256,7 +261,7 @@ def test_full_pull_over_ssh(sshd_server, node, tmp_path):
 
 def test_interrupted_pull_resumes_and_reuses_partial_data(sshd_server, node, tmp_path):
     size = 6 * 1024 * 1024
-    (node / "ckpt" / "big.pt").write_bytes(os.urandom(size))
+    (node / "ckpt" / "big.pt").write_bytes(HEAD + os.urandom(size))
     assert build(node).returncode == 0
     dest = tmp_path / "dest"
     staging = dest / f".staging-{RUN}"
@@ -299,7 +304,7 @@ def test_interrupted_pull_resumes_and_reuses_partial_data(sshd_server, node, tmp
 
 def test_hard_kill_leftover_is_adopted_on_resume(sshd_server, node, tmp_path):
     size = 4 * 1024 * 1024
-    (node / "ckpt" / "big.pt").write_bytes(os.urandom(size))
+    (node / "ckpt" / "big.pt").write_bytes(HEAD + os.urandom(size))
     assert build(node).returncode == 0
     dest = tmp_path / "dest"
     staging = dest / f".staging-{RUN}"
@@ -324,7 +329,7 @@ def test_hard_kill_leftover_is_adopted_on_resume(sshd_server, node, tmp_path):
 
 @pytest.mark.parametrize("fault, code, path, words", [
     ("flip", "sha256", "ckpt/epoch_1.pt", "content differs from the manifest"),
-    ("truncate", "truncated", "ckpt/sub/epoch_2.pt", "of 90004 bytes"),
+    ("truncate", "truncated", "ckpt/sub/epoch_2.pt", "of 90006 bytes"),
     ("delete", "missing", "metrics.jsonl", "in the manifest but not here"),
 ])
 def test_node_side_damage_fails_with_its_own_reason(sshd_server, node, tmp_path, fault, code, path, words):
@@ -432,7 +437,7 @@ def test_gate_refuses_stale_pull(sshd_server, node, tmp_path, profile_env):
     dest = tmp_path / "dest"
     assert pull(f"gpu-box:{node}", dest, sshd_server.rsh).returncode == 0
     (node / "final.json").write_text(json.dumps({"steps_done": 80, "loss": 0.01}))  # job wrote more after the pull
-    (node / "ckpt" / "epoch_3.pt").write_bytes(b"GOOD new checkpoint")
+    (node / "ckpt" / "epoch_3.pt").write_bytes(HEAD + b" new checkpoint")
     source = ("--source", f"gpu-box:{node}", "--rsh", sshd_server.rsh)
     done = gate(dest / RUN, profile_env, *source)
     assert done.returncode == 3, done.stdout
@@ -462,8 +467,8 @@ def test_gate_load_checks(node, tmp_path, profile_env):
     assert pull(str(node), dest).returncode == 0
     checker = tmp_path / "check_ckpt.py"
     checker.write_text("import sys\n"
-                       "data = open(sys.argv[1], 'rb').read(4)\n"
-                       "sys.exit(0 if data == b'GOOD' else 'bad header: %r' % data)\n")
+                       "data = open(sys.argv[1], 'rb').read(6)\n"
+                       "sys.exit(0 if data == b'\\x80\\x02GOOD' else 'bad header: %r' % data)\n")
     manifest = ("--manifest", str(node / "PULL_MANIFEST.json"))
     ok = gate(dest / RUN, profile_env, *manifest, "--load-check", f"{sys.executable} {checker} {{}}")
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -558,4 +563,4 @@ def test_puller_path_rules_agree_with_published_schema(parts, absolute, schema_v
     manifest = {"schema": "rgt-pull-manifest/1", "run_id": "r", "created_at": "2026-12-02T13:00:00Z",
                 "roster": ["**"], "file_count": 1, "total_bytes": 0,
                 "files": [{"path": path, "size": 0, "sha256": "0" * 64}]}
-    assert schema_validator.is_valid(manifest) == (pull_verified.path_problem(path) is None), repr(path)
+    assert schema_validator.is_valid(manifest) == (evidence.path_problem(path) is None), repr(path)

@@ -64,7 +64,7 @@ def test_manifest_and_status_work_on_python_38(tmp_path):
     exe = py38()
     root = tmp_path / "results"
     (root / "ckpt").mkdir(parents=True)
-    (root / "ckpt" / "a.pt").write_bytes(os.urandom(1000))
+    (root / "ckpt" / "a.pt").write_bytes(b"\x80\x02" + os.urandom(1000))  # legacy-pickle magic
     res = subprocess.run([exe, str(REPO / "scripts/node/build_pull_manifest.py"), "--root", str(root),
                           "--roster", "ckpt/*", "--run-id", "r38", "--json"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -46,6 +46,26 @@ def write_queue(path, lines):
     Path(path).write_text("\n".join(lines) + "\n")
 
 
+def cell_groups(root):
+    """The process groups the queue recorded for its cells (each cell runs in its own session)."""
+    return [int(p.read_text()) for p in Path(root).rglob("cells/*/pgid")]
+
+
+def kill_groups(root):
+    for pgid in cell_groups(root):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def no_cell_left_behind(tmp_path):
+    """Whatever a test does, no cell's process group outlives it."""
+    yield
+    kill_groups(tmp_path)
+
+
 def test_middle_cell_fails_others_still_run(tmp_path):
     cmds = ["echo a >> a.txt", "echo b >> b.txt; exit 3", "echo c >> c.txt"]
     write_queue(tmp_path / "q.txt", ["# three cells", "", *cmds])
@@ -113,6 +133,7 @@ def test_kill9_of_the_queue_then_rerun_resumes(tmp_path):
                             start_new_session=True)
     wait_file_json(cells / ids[1] / "heartbeat.json", lambda d: d["step"] >= 12)
     os.killpg(proc.pid, signal.SIGKILL)          # the box's session dies: queue and cell together
+    kill_groups(tmp_path)                        # (the cell runs in a session of its own)
     proc.wait(timeout=10)
     time.sleep(0.2)
     assert read(cells / ids[0] / "status") == "succeeded"
@@ -147,7 +168,7 @@ def test_orphaned_cell_still_alive_blocks_a_second_copy(tmp_path):
         res = queue(tmp_path, "--disk-floor-gb", "0", "q.txt")
         assert res.returncode == 3 and "still running" in res.stderr
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_groups(tmp_path)      # the cell lives in a session of its own; the queue is already gone
 
 
 def test_sigterm_is_forwarded_and_the_cell_marked_interrupted(tmp_path):
@@ -210,3 +231,175 @@ def test_shellcheck_clean():
     sc = need("shellcheck")
     res = subprocess.run([sc, str(QUEUE)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout
+
+
+# ---------------------------------------------------------------- finding 4: the cell's whole process tree
+
+def proc_state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def alive(pid):
+    return proc_state(pid) not in (None, "Z")
+
+
+def wait_for(pred, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    pytest.fail("timed out waiting for " + what)
+
+
+def pids_in(path):
+    try:
+        return [int(x) for x in Path(path).read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+REPRO_4 = ("echo start; python3 -c 'import time,os; open(\"cell.pid\",\"a\").write(str(os.getpid())+\"\\n\"); "
+           "time.sleep(6)'; echo done")
+
+
+def start_queue(tmp_path, *args):
+    return subprocess.Popen(["bash", str(QUEUE), *args], cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_finding_4_sigterm_stops_the_whole_cell_tree_and_it_never_runs_twice(tmp_path):
+    """The report's repro: SIGTERM to the queue (not its group) while the cell's python runs. Old code:
+    only `bash -c` got the signal, the python lived on, and the next pass started a second copy."""
+    write_queue(tmp_path / "q1.txt", [REPRO_4])
+    cid = cell_id(1, REPRO_4)
+    first = start_queue(tmp_path, "--disk-floor-gb", "0", "q1.txt")
+    wait_for(lambda: len(pids_in(tmp_path / "cell.pid")) == 1, "the cell's python to start")
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert first.returncode == 143
+    [old] = pids_in(tmp_path / "cell.pid")
+    assert not alive(old), "the cell's python outlived the stopped queue"
+    cdir = tmp_path / "q1.queue" / "cells" / cid
+    assert read(cdir / "status") == "interrupted"
+    assert summary(tmp_path / "q1.queue")["cells"][0]["status"] == "interrupted"
+
+    second = start_queue(tmp_path, "--disk-floor-gb", "0", "q1.txt")
+    try:
+        wait_for(lambda: len(pids_in(tmp_path / "cell.pid")) == 2, "the second pass to start the cell again")
+        assert [alive(p) for p in pids_in(tmp_path / "cell.pid")].count(True) <= 1, "two copies at once"
+        assert not alive(old)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=60)
+    assert second.returncode == 143
+    assert not any(alive(p) for p in pids_in(tmp_path / "cell.pid"))
+
+
+def test_finding_4_interrupted_cell_whose_process_lives_is_refused(tmp_path):
+    """A cell recorded as interrupted whose old process still runs is refused (exit 3), like a running one."""
+    write_queue(tmp_path / "q.txt", ["echo x >> starts.txt; exec sleep 30"])
+    cid = cell_id(1, "echo x >> starts.txt; exec sleep 30")
+    cdir = tmp_path / "q.queue" / "cells" / cid
+    proc = start_queue(tmp_path, "--disk-floor-gb", "0", "q.txt")
+    wait_for(lambda: (cdir / "pid").exists() and (tmp_path / "starts.txt").exists(), "the cell to start")
+    os.kill(proc.pid, signal.SIGKILL)                 # the queue alone dies; the cell lives on
+    proc.communicate(timeout=10)
+    (cdir / "status").write_text("interrupted\n")     # as a pass that recorded the stop but not the group
+    res = queue(tmp_path, "--disk-floor-gb", "0", "q.txt")
+    assert res.returncode == 3, res.stdout + res.stderr
+    refusal = res.stderr.strip().splitlines()[-1]     # (after a note that the dead pass's lock was taken over)
+    assert refusal.startswith("run_queue.sh: error: REFUSED") and "still running" in refusal
+    assert "(interrupted)" in refusal
+    assert read(tmp_path / "starts.txt") == "x", "a second copy was started"
+
+
+def test_stop_grace_kills_a_cell_that_ignores_sigterm(tmp_path):
+    cmd = "trap '' TERM; echo $$ > leader.pid; sleep 300"
+    write_queue(tmp_path / "q.txt", [cmd])
+    proc = start_queue(tmp_path, "--disk-floor-gb", "0", "--stop-grace", "1", "q.txt")
+    wait_for(lambda: pids_in(tmp_path / "leader.pid"), "the cell to start")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    assert "SIGKILL to process group" in err
+    [pgid] = cell_groups(tmp_path)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    assert read(tmp_path / "q.queue" / "cells" / cell_id(1, cmd) / "status") == "interrupted"
+
+
+def test_a_cell_ends_when_its_whole_process_group_has(tmp_path):
+    """A background writer the cell left behind finishes before the next cell starts."""
+    cmds = ["(sleep 1; echo late > late.txt) & echo main", "test -f late.txt"]
+    write_queue(tmp_path / "q.txt", cmds)
+    res = queue(tmp_path, "--disk-floor-gb", "0", "q.txt")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "waiting for the processes it left" in res.stdout
+
+
+# ---------------------------------------------------------------- --json
+
+def test_json_summary_on_stdout(tmp_path):
+    cmds = ["true", "exit 3"]
+    write_queue(tmp_path / "q.txt", cmds)
+    res = queue(tmp_path, "--disk-floor-gb", "0", "--json", "q.txt")
+    assert res.returncode == 1
+    doc = json.loads(res.stdout)                                     # stdout is the document alone
+    assert doc == summary(tmp_path / "q.queue")
+    assert doc["schema"] == "rgt-queue-status/1" and doc["state"] == "finished" and doc["status"] == "FAIL"
+    assert [(c["id"], c["status"], c["exit_code"]) for c in doc["cells"]] == [
+        (cell_id(1, "true"), "succeeded", 0), (cell_id(2, "exit 3"), "failed", 3)]
+    assert all(isinstance(c["pgid"], int) and c["attempts"] == 1 for c in doc["cells"])
+    assert "QUEUE FAILED" in res.stderr
+    res = queue(tmp_path, "--dry-run", "--json", "q.txt")
+    assert res.returncode == 0 and json.loads(res.stdout)["state"] == "dry_run"
+    (tmp_path / "fresh.txt").write_text("true\n")
+    res = queue(tmp_path, "--dry-run", "--json", "fresh.txt")
+    assert json.loads(res.stdout)["cells"][0]["status"] == "pending" and not (tmp_path / "fresh.queue").exists()
+
+
+def test_json_stays_valid_for_hostile_commands(tmp_path):
+    tricky = 'echo "a \\"quote\\", a back\\\\slash,\ttab, 实验" > /dev/null'
+    (tmp_path / "q.txt").write_bytes(tricky.encode() + b"\n" + b"echo '\xff\xfe' > /dev/null\n")
+    res = subprocess.run(["bash", str(QUEUE), "--disk-floor-gb", "0", "--json", "q.txt"], cwd=tmp_path,
+                         capture_output=True, env=env(), stdin=subprocess.DEVNULL, timeout=60)
+    assert res.returncode == 0, res.stderr
+    on_disk = json.loads((tmp_path / "q.queue" / "queue_status.json").read_text())
+    assert json.loads(res.stdout.decode("utf-8")) == on_disk
+    raw = (tmp_path / "q.queue" / "queue_status.json").read_bytes()
+    doc = json.loads(raw.decode("utf-8"))                            # valid UTF-8 and valid JSON
+    assert doc["cells"][0]["cmd"] == tricky
+    assert doc["cells"][1]["cmd"] == "echo '' > /dev/null"           # invalid bytes dropped, not fatal
+
+
+# ---------------------------------------------------------------- the core's disk gate
+
+def test_disk_gate_uses_the_toolkits_inode_floor(tmp_path):
+    """A real filesystem with 200 inodes: refused by the one inode floor (10,000) unless --inode-floor says."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(tiny)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: " + res.stderr.strip())
+    try:
+        write_queue(tmp_path / "q.txt", ["touch ran.txt"])
+        e = env()
+        e["DATA_DIR"] = str(tiny / "data")
+        res = subprocess.run(["bash", str(QUEUE), "--disk-floor-gb", "0", "q.txt"], cwd=tmp_path, env=e,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1 and not (tmp_path / "ran.txt").exists()
+        reason = summary(tmp_path / "q.queue")["cells"][0]["reason"]
+        assert "free inodes, below the floor of 10000" in reason, reason
+        res = subprocess.run(["bash", str(QUEUE), "--disk-floor-gb", "0", "--inode-floor", "10", "q.txt"],
+                             cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+    finally:
+        subprocess.run(["umount", str(tiny)], capture_output=True)

@@ -3,6 +3,7 @@ exit codes per the contract, --json fields, --watch, and the usage errors."""
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +14,11 @@ import pytest
 
 from conftest import NODE, SCRIPTS, TOOLS
 
+sys.path.insert(0, str(NODE))
+import rgt_core as core  # noqa: E402
+
 STATUS = NODE / "run_status.py"
+DEADMAN = NODE / "deadman.py"
 
 
 def iso(ts):
@@ -56,9 +61,11 @@ def make_run(root, state=None, pid=None, exit_code=None, step=None, total=None, 
                                               "profile": "local", "host": host or socket.gethostname(),
                                               "created_at": iso(now - started_ago), "outputs": []}))
     if state is not None:
+        # what run_one.sh records: the job's pid and its identity (pid + start time + boot id)
         (run / "status.json").write_text(json.dumps({
-            "run_id": "r1", "state": state, "job_pid": pid, "exit_code": exit_code,
-            "started_at": iso(now - started_ago), "ended_at": None, "updated_at": iso(now), "detach": "nohup"}))
+            "run_id": "r1", "state": state, "job_pid": pid, "job_identity": core.process_identity(pid) if pid else None,
+            "exit_code": exit_code, "started_at": iso(now - started_ago), "ended_at": None, "updated_at": iso(now),
+            "detach": "nohup"}))
     (run / "job.log").write_text("step log\n")
     if step is not None:
         hb = {"step": step, "total_steps": total, "epoch": 2, "loss": 0.25, "time": now}
@@ -73,6 +80,20 @@ def make_run(root, state=None, pid=None, exit_code=None, step=None, total=None, 
             if (run / name).exists():
                 os.utime(run / name, (old, old))
     return run
+
+
+def set_status(run, **fields):
+    doc = json.loads((run / "status.json").read_text())
+    doc.update(fields)
+    (run / "status.json").write_text(json.dumps(doc))
+
+
+def write_deadman(run, pid, state="armed", identity=True, **extra):
+    doc = {"pid": pid, "state": state, "config": {}, "armed_at": iso(time.time())}
+    if identity:
+        doc["identity"] = core.process_identity(pid) if identity is True else identity
+    doc.update(extra)
+    (run / "deadman.json").write_text(json.dumps(doc))
 
 
 def test_running_line_json_and_eta(tmp_path, live_pid):
@@ -126,7 +147,7 @@ def test_running_with_dead_pid_and_no_exit_code_is_failed(tmp_path, dead_pid):
 def test_job_just_ended_while_the_supervisor_records_it_is_not_vanished(tmp_path, dead_pid, live_pid):
     run = make_run(tmp_path, "running", dead_pid, step=100, total=100)
     doc = json.loads((run / "status.json").read_text())
-    doc["supervisor_pid"] = live_pid
+    doc["supervisor_pid"], doc["supervisor_identity"] = live_pid, core.process_identity(live_pid)
     (run / "status.json").write_text(json.dumps(doc))
     code, data = as_json(run)
     assert code == 4 and data["status"] == "syncing" and "supervisor" in data["reason"]
@@ -168,9 +189,9 @@ def test_succeeded_failed_sync_failed(tmp_path, dead_pid):
     assert code == 1 and "new run id" in data["hint"] and "fix the cause" not in data["hint"]
 
     sf = make_run(tmp_path / "c", "sync_failed", dead_pid, exit_code=0, step=500, total=500)
-    (sf / "sync.json").write_text(json.dumps({"ok": False, "verified": False, "dest": "/durable/results/r1",
-                                              "files": [], "finished_at": iso(time.time()),
-                                              "error": "No space left on device"}))
+    set_status(sf, sync={"ok": False, "verified": False, "results_dir": "/durable/results/r1", "manifest": None,
+                         "file_count": 0, "total_bytes": 0, "error": "No space left on device",
+                         "kept_previous": [], "started_at": iso(time.time()), "finished_at": iso(time.time())})
     code, data = as_json(sf)
     assert code == 1 and data["status"] == "sync_failed" and "No space left" in data["reason"]
     assert data["sync"]["ok"] is False
@@ -192,9 +213,9 @@ def test_deadman_fired_wins(tmp_path, dead_pid):
 
 def test_deadman_liveness_is_reported(tmp_path, live_pid, dead_pid):
     run = make_run(tmp_path, "running", live_pid, step=5, total=50)
-    (run / "deadman.json").write_text(json.dumps({"pid": dead_pid, "state": "armed", "config": {}}))
+    write_deadman(run, dead_pid)
     assert "deadman DOWN" in status(run).stdout
-    (run / "deadman.json").write_text(json.dumps({"pid": live_pid, "state": "armed", "config": {}}))
+    write_deadman(run, live_pid)
     assert "deadman armed" in status(run).stdout
 
 
@@ -262,3 +283,189 @@ def test_cost_so_far_from_job_time_and_rate(tmp_path, dead_pid):
     bad = subprocess.run([sys.executable, str(STATUS), str(run), "--rate-per-hour", "-1"],
                          capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+# ----------------------------------------------------------------------------- the core helpers run_status uses
+
+def test_record_alive_uses_the_identity_then_the_record_time(live_pid, dead_pid):
+    ident = core.process_identity(live_pid)
+    assert core.record_alive(ident, live_pid) is True
+    assert core.record_alive(dict(ident, start_ticks=ident["start_ticks"] + 1), live_pid) is False
+    assert core.record_alive(core.process_identity(dead_pid), dead_pid) is False
+    # no identity (an older writer): the bare pid, unless the process started after the record was made
+    assert core.record_alive(None, live_pid) is True
+    assert core.record_alive(None, live_pid, not_after=time.time()) is True
+    assert core.record_alive(None, live_pid, not_after=time.time() - 3600) is False
+    assert abs(core.process_start_epoch(live_pid) - time.time()) < 120
+
+
+def test_deadman_state_words(tmp_path, live_pid, dead_pid):
+    run = tmp_path / "run"
+    run.mkdir()
+    assert core.deadman_state(str(run))["word"] == "NONE"
+    write_deadman(run, live_pid)
+    st = core.deadman_state(str(run))
+    assert (st["word"], st["watching"], st["alive"]) == ("ARMED", True, True)
+    write_deadman(run, dead_pid)
+    assert core.deadman_state(str(run))["word"] == "DOWN"
+    assert core.deadman_state(str(run), check_alive=False)["word"] == "ARMED"
+    for state, word in (("disarmed", "DISARMED"), ("exited", "EXITED"), ("fired", "FIRED")):
+        write_deadman(run, dead_pid, state=state)
+        assert core.deadman_state(str(run))["word"] == word
+    write_deadman(run, dead_pid)
+    (run / "DEADMAN_FIRED.json").write_text(json.dumps({"reason": "stall"}))
+    st = core.deadman_state(str(run))
+    assert st["word"] == "FIRED" and st["fired"]["reason"] == "stall"
+
+
+# ----------------------------------------------------------------------------- red-team findings
+
+def arm_real_deadman(run, *args):
+    """A real detached dead-man with a long grace (it must not fire during the test); returns its pid."""
+    res = subprocess.run([sys.executable, str(DEADMAN), "arm", "--run-dir", str(run), "--grace-minutes", "600",
+                          "--poll-seconds", "0.1", "--dry-run", *args], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout.strip())
+
+
+def wait_dead(pid, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and core.pid_alive(pid):
+        time.sleep(0.05)
+    return not core.pid_alive(pid)
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGTERM"])
+def test_finding_8_a_dead_deadman_after_the_end_is_unwatched(tmp_path, dead_pid, how):
+    """The report's repro: the run ended, then the dead-man died; SUCCEEDED exit 0 hid that nothing stops the meter."""
+    run = make_run(tmp_path, "succeeded", dead_pid, exit_code=0, step=500, total=500)
+    pid = arm_real_deadman(run)
+    try:
+        res = status(run, "--no-gpu")
+        assert res.returncode == 0 and "deadman armed" in res.stdout, res.stdout   # shown after the end too
+        os.kill(pid, signal.SIGKILL if how == "kill -9" else signal.SIGTERM)
+        assert wait_dead(pid)
+        if how == "SIGTERM":   # it records that it exited; poll for the record, not a fixed sleep
+            end = time.monotonic() + 10
+            while time.monotonic() < end and json.loads((run / "deadman.json").read_text()).get("state") != "exited":
+                time.sleep(0.05)
+        res = status(run, "--no-gpu")
+        assert res.returncode == 8, res.stdout
+        assert res.stdout.startswith("SUCCEEDED") and "UNWATCHED" in res.stdout
+        assert ("deadman DOWN" if how == "kill -9" else "deadman exited") in res.stdout
+        code, data = as_json(run, "--no-gpu")
+        assert code == 8 and data["unwatched"] is True and data["status"] == "succeeded"
+        assert data["deadman"]["watching"] is False and "re-arm" in data["hint"]
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.mark.parametrize("state", ["starting", "running", "syncing", "succeeded", "failed", "sync_failed"])
+def test_finding_8_the_deadman_is_shown_in_every_state(tmp_path, live_pid, dead_pid, state):
+    pid = live_pid if state in ("starting", "running") else dead_pid
+    run = make_run(tmp_path, state, pid, exit_code=None if state in ("starting", "running") else 0)
+    if state == "syncing":
+        set_status(run, supervisor_pid=live_pid, supervisor_identity=core.process_identity(live_pid))
+    write_deadman(run, live_pid)
+    assert "deadman armed" in status(run, "--no-gpu").stdout
+    write_deadman(run, dead_pid, state="disarmed")
+    res = status(run, "--no-gpu")
+    assert "deadman disarmed" in res.stdout and res.returncode != 8      # disarmed on purpose: not unwatched
+    (run / "deadman.json").unlink()
+    assert "deadman none" in status(run, "--no-gpu").stdout
+
+
+def test_finding_11_a_reused_pid_is_neither_running_nor_armed(tmp_path):
+    """An unrelated live process whose pid sits in status.json and deadman.json (a container restart)."""
+    other = subprocess.Popen(["sleep", "120"])
+    try:
+        ident = core.process_identity(other.pid)
+        wrong = dict(ident, start_ticks=ident["start_ticks"] - 1000)      # the recorded process started earlier
+        run = make_run(tmp_path, "running", other.pid, step=5, total=50)
+        set_status(run, job_identity=wrong)
+        write_deadman(run, other.pid, identity=wrong)
+        code, data = as_json(run, "--no-gpu")
+        assert data["status"] != "running" and data["job_alive"] is False, data
+        assert data["reason"].startswith("job vanished")
+        assert code == 8 and data["unwatched"] is True   # a finished run with nothing watching the meter
+        assert data["deadman"]["word"] == "DOWN" and "deadman DOWN" in status(run, "--no-gpu").stdout
+        # a record from an older writer (no identity): the pid started after the run and the arming
+        set_status(run, job_identity=None, started_at=iso(time.time() - 3600))
+        write_deadman(run, other.pid, identity=False, armed_at=iso(time.time() - 3600))
+        code, data = as_json(run, "--no-gpu")
+        assert data["job_alive"] is False and data["status"] == "failed" and data["deadman"]["word"] == "DOWN"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_finding_14_syncing_with_a_dead_supervisor_is_sync_failed(tmp_path, dead_pid, live_pid):
+    run = make_run(tmp_path, "syncing", dead_pid, exit_code=0, step=500, total=500)
+    set_status(run, supervisor_pid=dead_pid, supervisor_identity=core.process_identity(dead_pid))
+    code, data = as_json(run, "--no-gpu")
+    assert code == 1 and data["status"] == "sync_failed" and "NOT durable" in data["reason"]
+    assert "do NOT tear down" in data["hint"]
+    set_status(run, supervisor_pid=live_pid, supervisor_identity=core.process_identity(live_pid))
+    code, data = as_json(run, "--no-gpu")
+    assert code == 4 and data["status"] == "syncing"
+
+
+def test_stall_limit_is_the_one_the_deadman_was_armed_with(tmp_path, live_pid):
+    run = make_run(tmp_path, "running", live_pid, step=50, total=500, files_age=40 * 60, started_ago=3600)
+    write_deadman(run, live_pid, config={"stall_minutes": 60})
+    code, data = as_json(run, "--no-gpu")
+    assert code == 4 and data["stall_minutes"] == 60           # 40 min quiet is within the dead-man's 60
+    write_deadman(run, live_pid, config={"stall_minutes": 10})
+    assert status(run, "--no-gpu").returncode == 6
+    write_deadman(run, live_pid, config={"stall_minutes": 0})  # armed with the stall rule off
+    assert status(run, "--no-gpu").returncode == 4
+    assert status(run, "--no-gpu", "--stall-minutes", "20").returncode == 6   # an explicit override wins
+
+
+def test_toolkit_version_is_in_the_line_and_the_json(tmp_path, dead_pid):
+    run = make_run(tmp_path, "succeeded", dead_pid, exit_code=0)
+    version = json.loads((NODE / "VERSION.json").read_text())["version"]
+    assert "toolkit %s" % version in status(run, "--no-gpu").stdout
+    assert as_json(run, "--no-gpu")[1]["toolkit_version"] == version
+
+
+def test_minor_a_run_without_output_says_what_was_synced(tmp_path, dead_pid):
+    """Red-team minor item: no --output used to read 'outputs NOT verified'; the logs are synced and verified."""
+    run = make_run(tmp_path, "succeeded", dead_pid, exit_code=0)
+    sync = {"ok": True, "verified": True, "results_dir": str(tmp_path / "results"), "error": None,
+            "manifest": str(tmp_path / "results" / "PULL_MANIFEST.json"), "file_count": 3, "total_bytes": 2048,
+            "kept_previous": [], "started_at": iso(time.time()), "finished_at": iso(time.time())}
+    set_status(run, sync=sync)
+    line = status(run, "--no-gpu").stdout
+    assert "NOT verified" not in line and "no outputs declared; logs synced and verified (3 files" in line
+    run_json = json.loads((run / "run.json").read_text())
+    run_json["outputs"] = ["ckpt/*"]
+    (run / "run.json").write_text(json.dumps(run_json))
+    assert "outputs verified (3 files, 2.0 KiB)" in status(run, "--no-gpu").stdout
+    set_status(run, state="sync_failed", sync=dict(sync, ok=False, verified=False, error="No space left on device"))
+    line = status(run, "--no-gpu").stdout
+    assert line.startswith("SYNC_FAILED") and "outputs NOT verified: No space left on device" in line
+
+
+def test_watch_json_prints_one_object_per_line(tmp_path, dead_pid):
+    run = make_run(tmp_path, "succeeded", dead_pid, exit_code=0)
+    res = status(run, "--no-gpu", "--json", "--watch", "0.1")
+    lines = res.stdout.strip().splitlines()
+    assert res.returncode == 0 and len(lines) == 1 and json.loads(lines[0])["status"] == "succeeded"
+
+
+def test_every_option_is_in_the_docstring():
+    """Both directions: every option --help lists is in the docstring, and the docstring names no other."""
+    import re
+    sys.path.insert(0, str(NODE))
+    try:
+        import run_status as rs
+    finally:
+        sys.path.pop(0)
+    res = subprocess.run([sys.executable, str(STATUS), "--help"], capture_output=True, text=True, timeout=30)
+    parser_flags = set(re.findall(r"--[a-z][a-z-]+", res.stdout)) - {"--help"}
+    doc_flags = set(re.findall(r"--[a-z][a-z-]+", rs.__doc__))
+    assert parser_flags and parser_flags - doc_flags == set() and doc_flags - parser_flags == set()

@@ -1,55 +1,80 @@
 #!/usr/bin/env python3
 """Download one URL to a file over a bad link: resume, retry, detect stalls, fall back to mirrors.
 
-Standard library only (Python 3.8+); copy this one file to the node.
+Python 3.8+ and the standard library; part of the node toolkit (push the whole scripts/node folder:
+this script imports rgt_core.py beside it).
 
   python3 fetch_resumable.py URL --out FILE [--fallback URL]... [--sha256 HEX]
-  python3 fetch_resumable.py https://hf-mirror.com/<org>/<repo>/resolve/main/model.safetensors \
-      --fallback https://huggingface.co/<org>/<repo>/resolve/main/model.safetensors \
+  python3 fetch_resumable.py https://hf-mirror.com/<org>/<repo>/resolve/main/model.safetensors \\
+      --fallback https://huggingface.co/<org>/<repo>/resolve/main/model.safetensors \\
       --out "$DATA_DIR/models/model.safetensors" --sha256 <64 hex> --stall-seconds 60 --json
+
+Options:
+  URL                    the primary http(s) source
+  --out FILE             the final file (required; parent directories are created)
+  --fallback URL         the next source when one gives up (repeatable, tried in order)
+  --sha256 HEX           the expected SHA-256 (64 hex digits)
+  --retries N            failed attempts per source before falling back (default 3)
+  --stall-seconds S      no byte for this long = stalled (default 60)
+  --connect-timeout S    connect and first-answer timeout (default 20)
+  --backoff S            first retry delay, doubling (default 2)
+  --backoff-max S        the longest retry delay (default 60)
+  --auth-env NAME        environment variable holding a bearer token (its value is never shown or stored)
+  --force                download again even when --out exists (a regular file only)
+  --progress-every S     seconds between progress lines when stderr is not a terminal (default 10)
+  --quiet                no progress or notes on stderr
+  --json                 print the result as JSON on stdout
+  -h, --help             this text
 
 How it behaves:
   * Bytes go to FILE.part (progress notes in FILE.part.json). Re-running the same command resumes with an
     HTTP Range request; If-Range (the server's ETag/Last-Modified) makes a changed file restart from 0.
-  * A stall is "no byte arrived for --stall-seconds": the connection is dropped and retried. A dropped
-    connection that had made progress is resumed at once and does not use up a retry.
-  * Each source gets --retries failed attempts (stalls, errors, no progress), with exponential backoff
-    (--backoff doubling up to --backoff-max); then the next --fallback takes over, resuming the same .part
-    when it reports the same total size. HTTP 404/403/401/410 moves on without retrying.
+  * A stall is "no byte arrived for --stall-seconds": the connection is dropped and retried.
+  * Progress is counted in offsets, not in bytes received: an attempt that ends with FILE.part longer than
+    where it started (a dropped connection that was resumable) is retried at once without using up a retry.
+    Anything else uses one: a stall, an error, no progress, or a server that ignores Range and drops the
+    connection mid-body (each answer restarts the file from 0, so the offset never moves forward).
+  * Each source gets --retries such attempts, with exponential backoff (--backoff doubling up to
+    --backoff-max); then the next --fallback takes over, resuming the same .part when it reports the same
+    total size. HTTP 404/403/401/410 moves on without retrying.
   * The SHA-256 is computed while downloading. With --sha256, a mismatch deletes the .part and tries the
     next source from scratch; if none verifies, exit 1 and no FILE is left behind.
   * On success the .part is fsynced and renamed to FILE (atomic), and FILE.part.json is removed.
-  * An existing FILE is kept (verified when --sha256 is given) unless --force.
-  * Secrets: --auth-env NAME sends "Authorization: Bearer $NAME" (never on redirects to other hosts);
-    URLs are logged without user:password@ and without their query string. *_proxy variables apply.
+  * An existing FILE is kept (verified when --sha256 is given) unless --force. An existing FILE, FILE.part
+    or FILE.part.json that is not a regular file (a device such as /dev/null, a FIFO, a symlink) is refused
+    with exit 2 and left untouched, with or without --force.
+  * Secrets: --auth-env NAME sends "Authorization: Bearer $NAME" and https://user:password@host/... sends
+    HTTP Basic auth (neither on redirects to other hosts). Nothing secret is written anywhere: logs, the
+    JSON result and FILE.part.json show URLs without user:password@ and with the query string (where signed
+    URLs carry their signature) replaced by <redacted>; the "same source" check of a resume compares a
+    SHA-256 of the full URL instead of the URL. *_proxy variables apply.
   * Progress goes to stderr: a live line on a terminal, one line per --progress-every seconds otherwise.
 
 Exit codes: 0 downloaded and (if asked) verified, or already present; 1 every source failed or the
 checksum did not match (the .part is kept for a resume, except after a mismatch); 2 usage or bad input.
 """
 import argparse
+import base64
 import errno
 import fcntl
 import hashlib
 import http.client
-import json
 import os
 import random
 import re
 import socket
+import stat
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
+import rgt_core as core
+
 CHUNK = 256 * 1024
-MIB = 1024 * 1024
 FATAL_HTTP = {401, 403, 404, 410}
-
-
-class UsageError(Exception):
-    pass
+UsageError = core.UsageError
 
 
 class Stalled(Exception):
@@ -57,7 +82,7 @@ class Stalled(Exception):
 
 
 def redact(url):
-    """URL for logs: no credentials, no query string (signed URLs carry tokens there)."""
+    """URL for logs and state files: no credentials, no query string (signed URLs carry tokens there)."""
     try:
         parts = urllib.parse.urlsplit(url)
         host, port = parts.hostname or "", parts.port
@@ -68,85 +93,49 @@ def redact(url):
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "<redacted>" if parts.query else "", ""))
 
 
-def human(num):
-    return "%.1f MiB" % (num / MIB)
+def url_hash(url):
+    """What the 'same source' check keeps on disk instead of the URL itself."""
+    return hashlib.sha256(url.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def now_iso():
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def write_json_atomic(path, data):
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def fsync_dir(path):
+def secrets_of(url):
+    """The parts of URL that must never reach a log or a file: query, fragment, user:password."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return [url]
+    found = [p for p in (parts.query, parts.fragment, parts.password) if p]
+    if "@" in parts.netloc:
+        found.append(parts.netloc.rsplit("@", 1)[0])
+    for text in list(found):  # quoted forms too: urllib quotes when it echoes a URL in an error
+        found += [urllib.parse.quote(text, safe=""), urllib.parse.unquote(text)]
+    return sorted({s for s in found if len(s) >= 3}, key=len, reverse=True)
 
 
-def sha256_file(path, upto=None):
-    h = hashlib.sha256()
+def split_credentials(url):
+    """(url without user:password@, Basic auth header value or None); urllib cannot resolve user:pass@host."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, hostport = parts.netloc.rsplit("@", 1)
+    user, _, password = userinfo.partition(":")
+    token = "%s:%s" % (urllib.parse.unquote(user), urllib.parse.unquote(password))
+    bare = urllib.parse.urlunsplit((parts.scheme, hostport, parts.path, parts.query, parts.fragment))
+    return bare, "Basic " + base64.b64encode(token.encode("utf-8")).decode("ascii")
+
+
+def prefix_hasher(path, upto):
+    """A SHA-256 object fed with the first UPTO bytes of PATH (to continue hashing a resumed .part)."""
+    digest = hashlib.sha256()
     left = upto
-    with open(path, "rb") as fh:
-        while left is None or left > 0:
-            block = fh.read(min(4 * MIB, left) if left is not None else 4 * MIB)
+    with open(path, "rb") as handle:
+        while left > 0:
+            block = handle.read(min(4 << 20, left))
             if not block:
                 break
-            h.update(block)
-            if left is not None:
-                left -= len(block)
-    return h
-
-
-class Progress:
-    """Progress on stderr: a rewritten line on a TTY, a plain line every `every` seconds otherwise."""
-
-    def __init__(self, quiet, every):
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
-        self.every = every
-        self.last = 0.0
-        self.drawn = False
-
-    def update(self, done, total, rate, label, force=False):
-        if self.quiet:
-            return
-        now = time.monotonic()
-        gap = 0.25 if self.tty else self.every
-        if not force and now - self.last < gap:
-            return
-        self.last = now
-        pct = " %5.1f%%" % (100.0 * done / total) if total else ""
-        text = "fetch:%s %s / %s  %.1f MiB/s  from %s" % (
-            pct, human(done), human(total) if total else "?", rate / MIB, label)
-        if self.tty:
-            sys.stderr.write("\r" + text[:150].ljust(100))
-            self.drawn = True
-        else:
-            sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
-    def note(self, msg):
-        if self.tty and self.drawn:
-            sys.stderr.write("\n")
-            self.drawn = False
-        if not self.quiet:
-            sys.stderr.write("fetch: %s\n" % msg)
-            sys.stderr.flush()
+            digest.update(block)
+            left -= len(block)
+    return digest
 
 
 class Fetcher:
@@ -156,13 +145,31 @@ class Fetcher:
         self.part = self.out + ".part"
         self.meta_path = self.out + ".part.json"
         self.sources = [args.url] + list(args.fallback)
-        self.progress = Progress(args.quiet, args.progress_every)
+        self.secrets = sorted({s for src in self.sources for s in secrets_of(src)}, key=len, reverse=True)
         self.attempts = []
         self.meta = {}
         self.fd = None
         self.hasher = hashlib.sha256()
         self.hashed = 0
         self.token = os.environ.get(args.auth_env) if args.auth_env else None
+        if self.token:
+            self.secrets.insert(0, self.token)
+        self.meter = None
+
+    # -- messages: nothing secret leaves this process
+    def scrub(self, text):
+        text = str(text)
+        for secret in self.secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
+
+    def note(self, msg):
+        if self.meter is not None and self.meter.printed and self.meter.tty:
+            sys.stderr.write("\n")
+            self.meter.printed = False
+        if not self.args.quiet:
+            sys.stderr.write("fetch: %s\n" % self.scrub(msg))
+            sys.stderr.flush()
 
     # -- .part bookkeeping
     def size(self):
@@ -177,37 +184,49 @@ class Fetcher:
 
     def save_meta(self):
         if self.meta:
-            write_json_atomic(self.meta_path, self.meta)
-        elif os.path.exists(self.meta_path):
+            core.atomic_write_json(self.meta_path, self.meta)
+        elif os.path.lexists(self.meta_path):
             os.unlink(self.meta_path)
 
     def load_meta(self):
-        try:
-            with open(self.meta_path, "r", encoding="utf-8") as fh:
-                data = json.load(fh)
-            self.meta = data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            self.meta = {}
+        data = core.read_json(self.meta_path)
+        self.meta = {k: data.get(k) for k in ("source", "source_sha256", "total", "etag", "last_modified",
+                                                "updated_at") if k in data}
+        if isinstance(self.meta.get("source"), str) and self.meta["source"] != redact(self.meta["source"]):
+            self.meta["source"] = redact(self.meta["source"])  # an older version stored the full URL
+            self.save_meta()
 
     def sync_hasher(self, offset):
         if self.hashed != offset:
-            self.hasher = sha256_file(self.part, upto=offset)
+            self.hasher = prefix_hasher(self.part, offset)
             self.hashed = offset
 
     # -- one HTTP attempt from the current .part size
     def attempt(self, src):
         offset = self.size()
-        rec = {"source": redact(src), "offset": offset, "received": 0, "outcome": None, "http_status": None,
-               "error": None, "started_at": now_iso()}
+        rec = {"source": redact(src), "offset": offset, "end_offset": offset, "received": 0, "outcome": None,
+               "http_status": None, "error": None, "started_at": core.utc_iso()}
         self.attempts.append(rec)
+        try:
+            outcome = self.request(src, offset, rec)
+        finally:
+            rec["end_offset"] = self.size()
+            if rec["error"]:
+                rec["error"] = self.scrub(rec["error"])
+        return outcome
+
+    def request(self, src, offset, rec):
+        bare, basic = split_credentials(src)
         headers = {"User-Agent": "rgt-fetch-resumable/1", "Accept-Encoding": "identity"}
         if offset > 0:
             headers["Range"] = "bytes=%d-" % offset
             validator = self.meta.get("etag") or self.meta.get("last_modified")
-            if validator and self.meta.get("source") == src and not str(validator).startswith("W/"):
+            if validator and self.meta.get("source_sha256") == url_hash(src) and not str(validator).startswith("W/"):
                 headers["If-Range"] = validator
-        req = urllib.request.Request(src, headers=headers)
-        if self.token:
+        req = urllib.request.Request(bare, headers=headers)
+        if basic:
+            req.add_unredirected_header("Authorization", basic)
+        elif self.token:
             req.add_unredirected_header("Authorization", "Bearer " + self.token)
         started = time.monotonic()
         try:
@@ -254,17 +273,16 @@ class Fetcher:
                 return "restart"
         elif status == 200:
             if offset > 0:
-                self.progress.note("%s ignored the Range request (or the file changed): starting again from 0"
-                                   % redact(src))
+                self.note("%s ignored the Range request (or the file changed): starting again from 0" % redact(src))
                 self.reset_part()
                 offset = 0
             total = int(length) if length and length.isdigit() else None
         else:
             rec["outcome"], rec["error"] = "error", "unexpected HTTP status %d" % status
             return "error"
-        self.meta.update({"source": src, "total": total or self.meta.get("total"),
-                          "etag": resp.headers.get("ETag"), "last_modified": resp.headers.get("Last-Modified"),
-                          "updated_at": now_iso()})
+        self.meta.update({"source": redact(src), "source_sha256": url_hash(src),
+                          "total": total or self.meta.get("total"), "etag": resp.headers.get("ETag"),
+                          "last_modified": resp.headers.get("Last-Modified"), "updated_at": core.utc_iso()})
         self.save_meta()
         sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         if sock is not None:
@@ -276,7 +294,11 @@ class Fetcher:
         os.lseek(self.fd, offset, os.SEEK_SET)
         done = offset
         want = self.meta.get("total")
-        label = urllib.parse.urlsplit(src).hostname or "?"
+        self.meter = core.Progress("fetch from %s" % (urllib.parse.urlsplit(src).hostname or "?"), want or 0,
+                                   enabled=not self.args.quiet)
+        if not self.meter.tty:
+            self.meter.interval = self.args.progress_every
+        self.meter.done = offset
         # read1 returns whatever has arrived (up to CHUNK), so bytes received just before a stall are kept
         reader = getattr(resp, "read1", None) or resp.read
         try:
@@ -292,17 +314,17 @@ class Fetcher:
                 done += len(block)
                 self.hashed = done
                 rec["received"] += len(block)
-                elapsed = max(time.monotonic() - started, 1e-6)
-                self.progress.update(done, want, rec["received"] / elapsed, label)
+                self.meter.add(len(block))
         except Stalled:
             rec["outcome"] = "stalled"
-            rec["error"] = "no byte for %gs at %s" % (self.args.stall_seconds, human(done))
+            rec["error"] = "no byte for %gs at %s" % (self.args.stall_seconds, core.human_bytes(done))
             return "stalled"
         except (http.client.IncompleteRead, OSError, http.client.HTTPException) as exc:
             rec["outcome"] = "dropped"
-            rec["error"] = "connection broke at %s: %s" % (human(done), exc.__class__.__name__)
+            rec["error"] = "connection broke at %s: %s" % (core.human_bytes(done), exc.__class__.__name__)
             return "dropped"
-        self.progress.update(done, want, rec["received"] / max(time.monotonic() - started, 1e-6), label, True)
+        finally:
+            self.meter.close()
         if want and done < want:
             rec["outcome"], rec["error"] = "dropped", "server closed early at %d of %d bytes" % (done, want)
             return "dropped"
@@ -324,10 +346,9 @@ class Fetcher:
         result = {"ok": False, "status": None, "out": self.out, "bytes": None, "sha256": None,
                   "sha256_expected": args.sha256, "verified": None, "source": None, "resumed_from": 0,
                   "attempts": self.attempts, "error": None}
-        if os.path.exists(self.out) and not args.force:
-            result["bytes"] = os.path.getsize(self.out)
+        if os.path.lexists(self.out) and not args.force:
+            result["bytes"], digest = core.sha256_file(self.out)
             result["status"] = "already_present"
-            digest = sha256_file(self.out).hexdigest()
             result["sha256"] = digest
             if args.sha256:
                 result["verified"] = digest == args.sha256
@@ -336,22 +357,24 @@ class Fetcher:
                                        % (self.out, digest, args.sha256))
                     return result
             result["ok"] = True
-            self.progress.note("%s already present (%s)%s" % (self.out, human(result["bytes"]),
-                               "" if args.sha256 else "; not verified: pass --sha256"))
+            self.note("%s already present (%s)%s" % (self.out, core.human_bytes(result["bytes"]),
+                                                      "" if args.sha256 else "; not verified: pass --sha256"))
             return result
-        self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                result["error"] = "another fetch is already writing %s" % self.part
-                return result
-            raise
-        try:
+            if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+                raise UsageError("%s is not a regular file; refusing to write into it" % self.part)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    result["error"] = "another fetch is already writing %s" % self.part
+                    return result
+                raise
             self.load_meta()
             result["resumed_from"] = self.size()
             if result["resumed_from"]:
-                self.progress.note("resuming %s at %s" % (self.part, human(result["resumed_from"])))
+                self.note("resuming %s at %s" % (self.part, core.human_bytes(result["resumed_from"])))
             self.loop(result)
             if not result["ok"] and self.size() == 0:
                 os.unlink(self.part)  # nothing worth resuming: leave no empty .part behind
@@ -373,33 +396,35 @@ class Fetcher:
                     if self.finish(result, src):
                         return result
                     break  # checksum mismatch: the next source starts from zero
-                if outcome == "restart":  # counts as a failure so a confused server cannot loop us forever
-                    failures += 1
-                    self.progress.note("%s: %s; starting over" % (redact(src), rec["error"]))
-                    continue
                 if outcome == "fatal":
-                    self.progress.note("%s: %s; not retrying this source" % (redact(src), rec["error"]))
+                    self.note("%s: %s; not retrying this source" % (redact(src), rec["error"]))
                     break
-                if outcome == "dropped" and rec["received"] > 0:
-                    self.progress.note("%s: %s; resuming" % (redact(src), rec["error"]))
+                # Progress is an offset that moved forward, not bytes received: a server that answers every
+                # Range request with the whole file from 0 and drops mid-body receives bytes on every attempt
+                # and never gets further (finding 9).
+                progressed = outcome == "dropped" and rec["end_offset"] > rec["offset"]
+                rec["progress"] = progressed
+                if progressed:
+                    self.note("%s: %s; resuming" % (redact(src), rec["error"]))
                     time.sleep(min(args.backoff, args.backoff_max))
                     continue
                 failures += 1
                 if failures < args.retries:
                     delay = self.backoff(failures)
-                    self.progress.note("%s: %s (%s); retry %d/%d in %.1fs" % (
+                    self.note("%s: %s (%s); no progress, retry %d/%d in %.1fs" % (
                         redact(src), outcome, rec["error"], failures, args.retries - 1, delay))
                     time.sleep(delay)
                 else:
-                    self.progress.note("%s: %s (%s); giving up on this source" % (redact(src), outcome, rec["error"]))
+                    self.note("%s: %s (%s); %d attempt(s) without progress, giving up on this source" % (
+                        redact(src), outcome, rec["error"], failures))
             if index + 1 < len(self.sources):
-                self.progress.note("falling back to %s (keeping %s already downloaded)" % (
-                    redact(self.sources[index + 1]), human(self.size())))
+                self.note("falling back to %s (keeping %s already downloaded)" % (
+                    redact(self.sources[index + 1]), core.human_bytes(self.size())))
         kept = self.size()
         if result["status"] != "checksum_mismatch" or kept:
             result["status"] = "failed"
             result["error"] = ("every source failed; %s kept in %s: re-run the same command to resume"
-                               % (human(kept), self.part)) if kept else "every source failed"
+                               % (core.human_bytes(kept), self.part)) if kept else "every source failed"
         return result
 
     def finish(self, result, src):
@@ -412,47 +437,35 @@ class Fetcher:
             result.update({"status": "checksum_mismatch", "verified": False,
                            "error": "sha256 of the download from %s is %s, expected %s; partial file deleted"
                                     % (redact(src), digest, self.args.sha256)})
-            self.progress.note(result["error"])
+            self.note(result["error"])
             self.reset_part()
             return False
         os.fsync(self.fd)
+        core.check_replaceable(self.out)  # nothing but a regular file (or nothing) is ever replaced
         os.replace(self.part, self.out)
-        fsync_dir(os.path.dirname(self.out))
+        core.fsync_dir(os.path.dirname(self.out))
         self.meta = {}
         self.save_meta()
         result.update({"ok": True, "status": "downloaded", "verified": True if self.args.sha256 else None,
                        "error": None})
-        self.progress.note("done: %s (%s) sha256 %s%s" % (self.out, human(size), digest,
-                           " verified" if self.args.sha256 else ""))
+        self.note("done: %s (%s) sha256 %s%s" % (self.out, core.human_bytes(size), digest,
+                                                 " verified" if self.args.sha256 else ""))
         return True
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
 def positive(kind):
-    def conv(text):
-        try:
-            val = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError("%r is not a number" % text)
-        if not 0 < val < 1e9:   # also nan and inf, which overflow sleep and socket timeouts
-            raise argparse.ArgumentTypeError("%r must be > 0 and < 1e9" % text)
-        return val
-    return conv
+    return core.arg_number(kind, 0, 1e9, low_open=True)  # 1e9: also nan and inf, which overflow sleep
 
 
 def build_parser():
-    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-               epilog="Exit codes: 0 ok, 1 download or checksum failed, 2 usage/bad input.")
+    p = core.Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                    epilog="Exit codes: 0 ok, 1 download or checksum failed, 2 usage/bad input.")
     p.add_argument("url", help="primary http(s) URL")
     p.add_argument("--out", required=True, metavar="FILE", help="final file path (parents are created)")
     p.add_argument("--fallback", action="append", default=[], metavar="URL", help="next source (repeatable)")
     p.add_argument("--sha256", metavar="HEX", help="expected SHA-256 (64 hex digits)")
     p.add_argument("--retries", type=positive(int), default=3, metavar="N",
-                   help="failed attempts per source before falling back (default 3)")
+                   help="attempts without progress per source before falling back (default 3)")
     p.add_argument("--stall-seconds", type=positive(float), default=60.0, metavar="S",
                    help="no byte for this long = stalled (default 60)")
     p.add_argument("--connect-timeout", type=positive(float), default=20.0, metavar="S")
@@ -480,42 +493,44 @@ def validate(args):
         args.sha256 = args.sha256.strip().lower()
         if not re.fullmatch(r"[0-9a-f]{64}", args.sha256):
             raise UsageError("--sha256 must be 64 hex digits")
-    if args.auth_env and not os.environ.get(args.auth_env):
+    if args.auth_env is not None and (not args.auth_env or not os.environ.get(args.auth_env)):
         raise UsageError("--auth-env %s: that environment variable is empty or unset" % args.auth_env)
     if not args.out:
         raise UsageError("--out is empty; give the file name")
-    folder = os.path.dirname(os.path.abspath(args.out))
+    if os.path.isdir(args.out):
+        raise UsageError("--out %s is a directory; give the file name" % args.out)
+    out = os.path.abspath(args.out)
+    for path in (out, out + ".part", out + ".part.json"):
+        core.check_replaceable(path)  # a device, FIFO or symlink is never written into or replaced
+    folder = os.path.dirname(out)
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise UsageError("cannot create %s: %s" % (folder, exc.strerror))
-    if os.path.isdir(args.out):
-        raise UsageError("--out %s is a directory; give the file name" % args.out)
 
 
 def main(argv=None):
-    try:
-        args = build_parser().parse_args(argv)
-        validate(args)
-    except UsageError as exc:
-        print("fetch_resumable: error: %s" % exc, file=sys.stderr)
-        return 2
+    core.check_toolkit()
+    args = build_parser().parse_args(argv)
+    validate(args)
     started = time.monotonic()
+    fetcher = Fetcher(args)
     try:
-        result = Fetcher(args).run()
+        result = fetcher.run()
     except KeyboardInterrupt:
-        print("\nfetch_resumable: interrupted; re-run the same command to resume", file=sys.stderr)
-        return 1
+        core.say_error("interrupted; re-run the same command to resume")
+        return 130
     except OSError as exc:
         result = {"ok": False, "status": "failed", "out": os.path.abspath(args.out),
-                  "error": "local I/O error: %s" % exc, "attempts": []}
+                  "error": "local I/O error: %s" % exc, "attempts": fetcher.attempts}
+    result["error"] = fetcher.scrub(result["error"]) if result.get("error") else result.get("error")
     result["elapsed_seconds"] = round(time.monotonic() - started, 3)
     if not result["ok"]:
-        print("fetch_resumable: FAIL %s" % result["error"], file=sys.stderr)
+        core.say_error(result["error"])
     if args.json:
-        print(json.dumps(result, indent=2))
-    return 0 if result["ok"] else 1
+        core.emit_json(result)
+    return core.EXIT_OK if result["ok"] else core.EXIT_FAIL
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(core.run_main(main))

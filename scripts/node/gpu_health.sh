@@ -5,13 +5,22 @@
 #   bash gpu_health.sh                      # all GPUs
 #   bash gpu_health.sh --gpu 0 --gpu 3      # only these indices
 #   bash gpu_health.sh --require-gpu        # a box without an NVIDIA GPU is a failure, not a notice
-#   Options: --temp-warn C (default 83) --timeout S (per nvidia-smi call, default 10)
+#   bash gpu_health.sh --json               # one JSON object on stdout instead of the lines
+#
+# Options:
+#   --gpu N          check only GPU index N (repeatable; default: every GPU)
+#   --require-gpu    no NVIDIA GPU here (nvidia-smi absent) is a failure (exit 1), not a notice
+#   --temp-warn C    WARN at or above this temperature (default 83)
+#   --timeout S      hard time limit for each nvidia-smi and dmesg call, in whole seconds (default 10)
+#   --json           print {"status", "summary", "gpus", "fails", "warns", "checks": [{"status",
+#                    "message"}]} instead of the lines; "status" is the RESULT word
+#   -h, --help       this text
 #
 # Checks, one line each with a fixed first word OK / WARN / FAIL:
 #   driver reachable (nvidia-smi -L), temperature, persistence mode, uncorrected ECC errors
 #   (volatile), retired-page / row-remap state, active clock-slowdown reasons (thermal, power brake),
 #   compute processes already holding memory, and NVRM Xid lines in the kernel log (when readable).
-# The last line is "RESULT: OK|WARN|FAIL|NO_GPU — ...".
+# The last line is "RESULT: OK|WARN|FAIL|NO_GPU — ...". Errors: one line "gpu_health.sh: error: ...".
 #
 # Exit codes:
 #   0  no FAIL (WARN lines are advice), or no NVIDIA GPU here: "RESULT: NO_GPU" (nvidia-smi absent)
@@ -26,13 +35,15 @@ set -u
 TEMP_WARN=83
 TIMEOUT=10
 REQUIRE_GPU=0
+JSON=0
 WANT_GPUS=()
+CHECKS=()
 STATUS=OK
 FAILS=0
 WARNS=0
 
 usage() { sed -n '2,/^set -u/p' "$0" | sed -e '/^set -u/d' -e 's/^# \{0,1\}//'; }
-die_usage() { echo "gpu_health: error: $1 (see --help)" >&2; exit 2; }
+die_usage() { echo "gpu_health.sh: error: $1 (see --help)" >&2; exit 2; }
 is_uint() { case "$1" in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
 
 uint_arg() {  # uint_arg OPTION ARGC VALUE — exit 2 unless VALUE is a whole number
@@ -47,25 +58,54 @@ while [ $# -gt 0 ]; do
         --timeout) uint_arg "$1" $# "${2:-}"; [ "$2" -gt 0 ] || die_usage "--timeout must be > 0"
             TIMEOUT=$2; shift 2 ;;
         --require-gpu) REQUIRE_GPU=1; shift ;;
+        --json) JSON=1; shift ;;
         *) die_usage "unknown argument: $1" ;;
     esac
 done
 
+jstr() {  # jstr TEXT: J = a JSON string literal (other control characters become spaces)
+    local LC_ALL=C s=${1//\\/\\\\}
+    s=${s//\"/\\\"}; s=${s//$'\t'/\\t}; s=${s//$'\n'/\\n}; s=${s//$'\r'/\\r}
+    J="\"${s//[$'\x01'-$'\x1f']/ }\""
+}
+
+# finish WORD SUMMARY EXIT — the RESULT line (or the JSON object) and exit.
+finish() {
+    local item checks="" sep="" gpus="" idx
+    if [ "$JSON" -eq 0 ]; then
+        echo "RESULT: $1 — $2"
+        exit "$3"
+    fi
+    for item in "${CHECKS[@]+"${CHECKS[@]}"}"; do
+        jstr "${item#*|}"; checks+="$sep"$'\n    '"{\"status\": \"${item%%|*}\", \"message\": $J}"; sep=","
+    done
+    sep=""
+    for idx in "${all_idx[@]+"${all_idx[@]}"}"; do gpus+="$sep$idx"; sep=", "; done
+    jstr "$2"
+    printf '{\n  "status": "%s",\n  "summary": %s,\n  "gpus": [%s],\n  "fails": %d,\n  "warns": %d,\n%s\n' \
+        "$1" "$J" "$gpus" "$FAILS" "$WARNS" "  \"checks\": [$checks"$'\n  ]\n}' |
+        if command -v iconv >/dev/null 2>&1; then iconv -f UTF-8 -t UTF-8 -c; else cat; fi  # valid UTF-8 only
+    exit "$3"
+}
+
 line() {  # line WORD message — print one result line and escalate the overall status
-    printf '%-4s %s\n' "$1" "$2"
+    if [ "$JSON" -eq 0 ]; then printf '%-4s %s\n' "$1" "$2"; fi
+    CHECKS+=("$1|$2")
     case "$1" in
         FAIL) STATUS=FAIL; FAILS=$((FAILS + 1)) ;;
         WARN) [ "$STATUS" = FAIL ] || STATUS=WARN; WARNS=$((WARNS + 1)) ;;
     esac
 }
 
-smi() {  # nvidia-smi with a time limit, so a wedged driver cannot hang the check
+bounded() {  # bounded CMD ARGS... — run with the --timeout hard limit (SIGKILL 2 s after SIGTERM)
     if command -v timeout >/dev/null 2>&1; then
-        timeout "$TIMEOUT" nvidia-smi "$@"
+        timeout -k 2 "$TIMEOUT" "$@"
     else
-        nvidia-smi "$@"
+        "$@"
     fi
 }
+
+smi() { bounded nvidia-smi "$@"; }  # a wedged driver cannot hang the check
 
 # query FIELD — print "index|value" per GPU; non-zero when this driver does not know the field.
 query() {
@@ -88,32 +128,29 @@ na() {  # value missing or not supported on this card
     return 1
 }
 
+all_idx=()
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     if [ "$REQUIRE_GPU" -eq 1 ]; then
-        echo "FAIL no NVIDIA GPU: nvidia-smi is not on PATH and --require-gpu was given"
-        echo "RESULT: NO_GPU — no NVIDIA GPU on this node (required); pick a GPU instance or fix the driver"
-        exit 1
+        line FAIL "no NVIDIA GPU: nvidia-smi is not on PATH and --require-gpu was given"
+        finish NO_GPU "no NVIDIA GPU on this node (required); pick a GPU instance or fix the driver" 1
     fi
-    echo "RESULT: NO_GPU — no NVIDIA GPU on this node (nvidia-smi not found on PATH); nothing to check"
-    exit 0
+    finish NO_GPU "no NVIDIA GPU on this node (nvidia-smi not found on PATH); nothing to check" 0
 fi
 
 if ! listing=$(smi -L 2>&1); then
+    [ -n "$listing" ] || listing="no answer within ${TIMEOUT}s (hung driver?)"
     line FAIL "nvidia-smi cannot reach the driver: $(printf '%s' "$listing" | head -n 1)"
-    echo "RESULT: FAIL — the GPU driver is not usable (mismatched driver/library, lost GPU, or a hung driver);" \
-        "do not launch here"
-    exit 1
+    why="the GPU driver is not usable (mismatched driver/library, lost GPU, or a hung driver)"
+    finish FAIL "$why; do not launch here" 1
 fi
 
 indices=$(query index) || indices=""
-all_idx=()
 while IFS= read -r row; do
     [ -n "$row" ] && all_idx+=("${row%%|*}")
 done <<< "$indices"
 if [ "${#all_idx[@]}" -eq 0 ]; then
     line FAIL "nvidia-smi is present but lists no GPU"
-    echo "RESULT: FAIL — no GPU visible to the driver (container started without GPUs?)"
-    exit 1
+    finish FAIL "no GPU visible to the driver (container started without GPUs?)" 1
 fi
 if [ "${#WANT_GPUS[@]}" -gt 0 ]; then
     for want in "${WANT_GPUS[@]}"; do
@@ -208,7 +245,7 @@ else
     line WARN "could not list compute processes"
 fi
 
-if klog=$(dmesg 2>/dev/null) && [ -n "$klog" ]; then
+if klog=$(bounded dmesg 2>/dev/null) && [ -n "$klog" ]; then
     xids=$(printf '%s\n' "$klog" | grep 'NVRM: Xid' || true)
     if [ -z "$xids" ]; then
         line OK "no NVRM Xid lines in the kernel log"
@@ -232,7 +269,7 @@ else
 fi
 
 case "$STATUS" in
-    FAIL) echo "RESULT: FAIL — $FAILS failing check(s): do not start a long run on this box"; exit 1 ;;
-    WARN) echo "RESULT: WARN — usable; $WARNS warning(s) above are worth a look"; exit 0 ;;
-    *) echo "RESULT: OK — all checks passed on GPU(s) ${all_idx[*]}"; exit 0 ;;
+    FAIL) finish FAIL "$FAILS failing check(s): do not start a long run on this box" 1 ;;
+    WARN) finish WARN "usable; $WARNS warning(s) above are worth a look" 0 ;;
+    *) finish OK "all checks passed on GPU(s) ${all_idx[*]}" 0 ;;
 esac

@@ -10,17 +10,28 @@
 #   bash mem_monitor.sh --interval 1 --count 60 --threshold 85        # one minute at 1 s, warn at 85 %
 #   bash mem_monitor.sh --pid 12345 --out mem.csv                     # read the cgroup of process 12345
 #   bash mem_monitor.sh --cgroup-dir /sys/fs/cgroup/system.slice/x.scope   # an explicit cgroup directory
+#   bash mem_monitor.sh --count 1 --json                              # one JSON snapshot
 #
-# Options: --interval S (default 5, decimals allowed)  --count N (default 0 = until stopped)
-#          --out FILE (append; header written when the file is new or empty; default stdout)
-#          --threshold PCT (default 90)  --pid PID  --cgroup-dir DIR  --quiet (no per-sample warnings)
+# Options:
+#   --interval S     seconds between samples (default 5, decimals allowed)
+#   --count N        samples to take (default 0 = until stopped)
+#   --out FILE       append to FILE (the CSV header is written when the file is new or empty; default stdout)
+#   --threshold PCT  warn at this percentage of the limit (default 90)
+#   --pid PID        read the cgroup of process PID
+#   --cgroup-dir DIR read this cgroup directory
+#   --quiet          no per-sample warnings on stderr
+#   --json           JSON Lines instead of CSV: one object per sample with the CSV columns as keys (numbers,
+#                    or null when not available) plus "status": OK, WARN (at or above the threshold, or an
+#                    earlier OOM kill counted) or FAIL (the OOM kill counter rose during this run)
+#   -h, --help       this text
 #
 # CSV columns (MiB unless named otherwise; empty = not available here):
 #   time,host_total_mib,host_available_mib,cg_usage_mib,cg_working_set_mib,cg_limit_mib,cg_pct,oom_kills,
 #   shm_used_mib,shm_total_mib,gpu_mem_used_mib,gpu_mem_total_mib
 # cg_working_set = usage minus inactive file cache (cache the kernel can drop before killing anything);
 # cg_pct = working set / limit. With no cgroup limit, the threshold applies to host RAM in use instead.
-# GPU columns are summed over all GPUs (nvidia-smi, 5 s timeout); empty without an NVIDIA GPU.
+# GPU columns are summed over all GPUs (nvidia-smi, 5 s hard timeout); empty without an NVIDIA GPU.
+# Errors: one line "mem_monitor.sh: error: ...".
 #
 # Exit codes: 0 finished (or stopped by SIGINT/SIGTERM) with no warning; 1 the threshold was crossed or
 # an OOM kill was counted during the run; 2 usage error.
@@ -33,12 +44,13 @@ THRESHOLD=90
 PID_ARG=""
 CG_DIR=""
 QUIET=0
+JSON=0
 UNLIMITED=1152921504606846976  # 2^60: larger limits mean "no limit" (v1 writes ~2^63)
 HEADER="time,host_total_mib,host_available_mib,cg_usage_mib,cg_working_set_mib,cg_limit_mib,cg_pct,oom_kills,\
 shm_used_mib,shm_total_mib,gpu_mem_used_mib,gpu_mem_total_mib"
 
 usage() { sed -n '2,/^set -u/p' "$0" | sed -e '/^set -u/d' -e 's/^# \{0,1\}//'; }
-die_usage() { echo "mem_monitor: error: $1 (see --help)" >&2; exit 2; }
+die_usage() { echo "mem_monitor.sh: error: $1 (see --help)" >&2; exit 2; }
 is_uint() { case "$1" in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
 is_num() { [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]; }
 need_arg() { if [ "$2" -lt 2 ]; then die_usage "$1 needs a value"; fi; }
@@ -55,6 +67,7 @@ while [ $# -gt 0 ]; do
         --pid) need_arg "$1" $#; is_uint "$2" || die_usage "--pid must be a process id"; PID_ARG=$2; shift 2 ;;
         --cgroup-dir) need_arg "$1" $#; CG_DIR=$2; shift 2 ;;
         --quiet) QUIET=1; shift ;;
+        --json) JSON=1; shift ;;
         *) die_usage "unknown argument: $1" ;;
     esac
 done
@@ -70,6 +83,14 @@ if [ -n "$OUT" ] && [ -d "$OUT" ]; then die_usage "--out $OUT is a directory; gi
 if [ -n "$OUT" ]; then
     out_dir=$(dirname -- "$OUT")
     [ -d "$out_dir" ] && [ -w "$out_dir" ] || die_usage "--out directory $out_dir is missing or not writable"
+    first_line=""
+    [ ! -s "$OUT" ] || IFS= read -r first_line < "$OUT"
+    if [ "$JSON" -eq 1 ] && [ "${first_line%%,*}" = time ]; then
+        die_usage "--out $OUT already holds CSV; give --json another file"
+    fi
+    if [ "$JSON" -eq 0 ] && [ "${first_line:0:1}" = "{" ]; then
+        die_usage "--out $OUT already holds JSON Lines; add --json or give another file"
+    fi
 fi
 
 # ---- locate the cgroup: CG_VER (1|2), CG_LEAF (our directory), CG_ROOT (where limits stop nesting)
@@ -145,10 +166,11 @@ sample() {  # print one CSV row
     if [ -n "$limit" ] && [ -n "$ws" ] && [ "$limit" -gt 0 ]; then
         pct=$(awk -v a="$ws" -v b="$limit" 'BEGIN { printf "%.1f", 100 * a / b }')
     fi
-    read -r shm_total shm_used < <(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 { printf "%d %d", $2 / 1024, $3 / 1024 }')
+    read -r shm_total shm_used < <(timeout -k 1 5 df -Pk /dev/shm 2>/dev/null |
+        awk 'NR == 2 { printf "%d %d", $2 / 1024, $3 / 1024 }')
     gpu_used=""; gpu_total=""
     if command -v nvidia-smi >/dev/null 2>&1; then
-        g=$(timeout 5 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits 2>/dev/null |
+        g=$(timeout -k 1 5 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits 2>/dev/null |
             awk -F, '$1 + 0 == $1 { u += $1; t += $2; n++ } END { if (n) print u, t }')
         [ -n "$g" ] && read -r gpu_used gpu_total <<< "$g"
     fi
@@ -160,10 +182,23 @@ emit() {
     if [ -n "$OUT" ]; then printf '%s\n' "$1" >> "$OUT"; else printf '%s\n' "$1"; fi
 }
 
+as_json() {  # as_json CSV_ROW STATUS — the row as one JSON object (keys from HEADER; empty cells are null)
+    local -a keys vals
+    local i v obj="{"
+    IFS=, read -r -a keys <<< "$HEADER"
+    IFS=, read -r -a vals <<< "$1,"
+    for i in "${!keys[@]}"; do
+        v=${vals[$i]:-}
+        if [ "$i" -eq 0 ]; then v="\"$v\""; elif ! is_num "$v"; then v=null; fi
+        obj+="\"${keys[$i]}\": $v, "
+    done
+    printf '%s"status": "%s"}' "$obj" "$2"
+}
+
 ALERT=0
 trap 'exit "$ALERT"' INT TERM
 
-if [ -z "$OUT" ] || [ ! -s "$OUT" ]; then emit "$HEADER"; fi
+if [ "$JSON" -eq 0 ] && { [ -z "$OUT" ] || [ ! -s "$OUT" ]; }; then emit "$HEADER"; fi
 if [ "$QUIET" -eq 0 ]; then
     echo "mem_monitor: cgroup v${CG_VER:-?} at ${CG_LEAF:-<none>}; every ${INTERVAL}s; warn at ${THRESHOLD}%" \
         "-> ${OUT:-stdout}" >&2
@@ -173,7 +208,7 @@ n=0; prev_oom=""; above=0; since_warn=0
 while :; do
     row=$(sample)
     IFS=, read -r r_time _ _ _ r_ws r_limit r_cgpct r_oom _ <<< "$row"
-    emit "$row"
+    word=OK
     if [ -n "$r_cgpct" ]; then pct=$r_cgpct; scope=cgroup
     else
         pct=$(awk '$1 == "MemTotal:" { t = $2 } $1 == "MemAvailable:" { a = $2 }
@@ -181,7 +216,7 @@ while :; do
     fi
     since_warn=$((since_warn + 1))
     if [ -n "$pct" ] && awk -v p="$pct" -v t="$THRESHOLD" 'BEGIN { exit !(p >= t) }'; then
-        ALERT=1
+        ALERT=1; word=WARN
         # warn when crossing the threshold, then at most every 60 samples while it stays above
         if [ "$QUIET" -eq 0 ] && { [ "$above" -eq 0 ] || [ "$since_warn" -ge 60 ]; }; then
             since_warn=0
@@ -201,16 +236,17 @@ while :; do
     fi
     if [ -n "$r_oom" ]; then
         if [ -z "$prev_oom" ] && [ "$r_oom" -gt 0 ]; then
-            ALERT=1
+            ALERT=1; word=WARN
             [ "$QUIET" -eq 1 ] || echo "WARN $r_time this cgroup already counts $r_oom OOM kill(s):" \
                 "an earlier exit 137 was the memory limit" >&2
         elif [ -n "$prev_oom" ] && [ "$r_oom" -gt "$prev_oom" ]; then
-            ALERT=1
+            ALERT=1; word=FAIL
             [ "$QUIET" -eq 1 ] || echo "FAIL $r_time OOM kill counter rose $prev_oom -> $r_oom:" \
                 "a process in this cgroup was SIGKILLed for memory (exit 137)" >&2
         fi
         prev_oom=$r_oom
     fi
+    if [ "$JSON" -eq 1 ]; then emit "$(as_json "$row" "$word")"; else emit "$row"; fi
     n=$((n + 1))
     if [ "$COUNT" -gt 0 ] && [ "$n" -ge "$COUNT" ]; then break; fi
     sleep "$INTERVAL"

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Phase-0 audit of a training node: what is here, and is it enough to start?
 
-Run it first on every new box (rented, owned or a cluster node), before any download
-or launch. Standard library only (Python 3.8+); copy this one file to the node.
+Run it first on every new box (rented, owned or a cluster node), before any download or launch.
+Python 3.8+ and the standard library; part of the node toolkit (push the whole scripts/node folder:
+this script imports rgt_core.py beside it).
 
   python3 node_probe.py                                  # short summary, one OK/WARN/FAIL per line
   python3 node_probe.py --json --out probe.json          # full report as JSON (file written atomically)
@@ -10,9 +11,38 @@ or launch. Standard library only (Python 3.8+); copy this one file to the node.
       --min-mem-gb 32 --min-shm-gb 8 --require-gpu        # gate: exit 3 lists every unmet reason
   python3 node_probe.py --network --network-target pypi.org --network-target 203.0.113.10:8443
   python3 node_probe.py --torch                          # also import torch in a subprocess (slow)
+  python3 node_probe.py disk-gate --min-free-gb 20 "$DATA_DIR"   # the disk gate alone, fast (no GPU,
+                                                         # torch or network probe): for shell callers
 
-What it reads: GPUs (nvidia-smi, short timeout; CUDA version from its banner), torch (installed
-version from package metadata; CUDA view only with --torch, in a subprocess with a timeout),
+Options:
+  --json                  print the full report as JSON on stdout
+  --out FILE|-            also write the JSON report to FILE (atomic; '-' = stdout, like --json)
+  --profile NAME          take DATA_DIR/DURABLE_DIR defaults from this profile
+  --data-dir DIR          data/scratch directory (default $DATA_DIR, else the profile's)
+  --durable-dir DIR       durable directory (default $DURABLE_DIR, else the profile's)
+  --path DIR              an extra path to measure (repeatable)
+  --torch                 import torch in a subprocess to read its CUDA view
+  --torch-timeout S       hard limit for that subprocess (default 60)
+  --gpu-timeout S         hard limit for each nvidia-smi call (default 8)
+  --network               check reachability of the default targets
+  --network-target HOST[:PORT]   a target to check instead of the defaults (repeatable; implies --network)
+  --network-timeout S     per-target timeout (default 4)
+  --min-free-gb N         gate: GiB free required on the data and durable dirs
+  --min-free-inodes N     gate: free inodes required there (default, whenever a disk gate is asked
+                          for: the toolkit's one floor, rgt_core.DEFAULT_MIN_FREE_INODES = 10000)
+  --min-mem-gb N          gate: GiB of usable memory (min of cgroup limit and host RAM)
+  --min-shm-gb N          gate: GiB free in /dev/shm
+  --require-gpu           gate: at least one GPU listed by nvidia-smi
+  -h, --help              this text
+
+disk-gate PATH... : the toolkit's disk gate (rgt_core.disk_gate) on each PATH's filesystem (a path
+that does not exist yet is measured on its nearest existing parent), one line per filesystem:
+  --min-free-gb N (default 0)  --min-free-inodes N (default 10000)  --writable DIR (repeatable:
+  a file must be creatable and removable there)  --json
+  Exit 0 every check passed, 3 refused (each reason on stdout and stderr), 2 usage.
+
+What it reads: GPUs (nvidia-smi, hard timeout; CUDA version from its banner), torch (installed
+version from package metadata; CUDA view only with --torch, in a subprocess with a hard timeout),
 disk bytes AND inodes for the data dir, durable dir, /, /dev/shm and $HOME (one statvfs per
 mount, every path listed), cgroup v2/v1 memory limit, usage and CPU quota, host RAM from
 /proc/meminfo, tools (tmux, rsync, nohup, setsid, sha256sum, git) and optional network reach
@@ -23,9 +53,12 @@ section's "unavailable" map ({field: reason}). Sizes are bytes; "GB" in flags an
 GiB (2**30 bytes), as `df -h` prints.
 
 Directories: --data-dir/--durable-dir beat $DATA_DIR/$DURABLE_DIR, which beat the --profile
-defaults (read from profiles/index.json: $RGT_PROFILE_INDEX, else <script dir>/../profiles/index.json,
-else <script dir>/index.json). A directory that does not exist yet is measured on its nearest
+defaults (the profile index: $RGT_PROFILE_INDEX, else index.json beside the node toolkit, else the
+repo's profiles/index.json). A directory that does not exist yet is measured on its nearest
 existing parent, since that is where it will be created.
+
+--out: an existing target that is not a regular file (a device such as /dev/null, a FIFO, a
+symlink) is refused with exit 2 and left untouched.
 
 Exit codes:
   0  probe done; every requested gate passed (or no gate was requested)
@@ -39,11 +72,11 @@ import platform
 import re
 import shutil
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
+
+import rgt_core as core
 
 SCHEMA = "rgt-node-probe/1"
 GIB = 1024 ** 3
@@ -61,12 +94,7 @@ TORCH_SNIPPET = (
 )
 
 
-class UsageError(Exception):
-    """Bad input: reported as one line on stderr, exit 2."""
-
-
-def utc_now():
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+UsageError = core.UsageError
 
 
 def section(fields):
@@ -89,40 +117,11 @@ def read_text(path):
 
 
 def run_cmd(argv, timeout):
-    """Run argv; return (rc, stdout, stderr) or raise OSError / subprocess.TimeoutExpired."""
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=timeout, universal_newlines=True)
-    return proc.returncode, proc.stdout, proc.stderr
+    """Run argv under core.run_bounded (a hard timeout that holds even for detached children).
 
-
-# ---------------------------------------------------------------------------- profile lookup
-
-def profile_index_candidates():
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = os.environ.get("RGT_PROFILE_INDEX")
-    if env:
-        return [env]
-    return [os.path.join(here, "..", "..", "profiles", "index.json"), os.path.join(here, "index.json")]
-
-
-def load_profile(name):
-    tried = profile_index_candidates()
-    path = next((p for p in tried if os.path.isfile(p)), None)
-    if path is None:
-        raise UsageError("profile index not found (tried: %s); set RGT_PROFILE_INDEX or copy index.json "
-                         "next to this script" % ", ".join(tried))
-    try:
-        index = json.loads(read_text(path))
-    except (OSError, ValueError) as exc:
-        raise UsageError("cannot read profile index %s: %s" % (path, exc))
-    profiles = index.get("profiles") if isinstance(index, dict) else None
-    if not isinstance(profiles, dict) or name not in profiles:
-        known = ", ".join(sorted(profiles)) if isinstance(profiles, dict) else "none"
-        raise UsageError("unknown profile %r in %s (known: %s)" % (name, path, known))
-    prof = profiles[name]
-    if not isinstance(prof, dict) or not isinstance(prof.get("defaults", {}), (dict, type(None))):
-        raise UsageError("profile index %s is malformed: profile %r or its defaults is not an object" % (path, name))
-    return path, prof.get("defaults") or {}
+    Returns (rc, output); rc is None when the timeout killed it, 127 when it could not start."""
+    res = core.run_bounded(argv, timeout)
+    return res.rc, res.output if res.error is None else res.error
 
 
 # ---------------------------------------------------------------------------- GPUs and torch
@@ -153,17 +152,13 @@ def probe_gpus(timeout):
         return sec
     sec["nvidia_smi"] = smi
     query = "--query-gpu=" + ",".join(GPU_FIELDS)
-    try:
-        rc, out, err = run_cmd([smi, query, "--format=csv,noheader,nounits"], timeout)
-    except subprocess.TimeoutExpired:
+    rc, out = run_cmd([smi, query, "--format=csv,noheader,nounits"], timeout)
+    if rc is None:
         missing(sec, "nvidia-smi did not answer within %gs (hung driver or GPU?)" % timeout,
                 "count", "driver_version", "cuda_version", "devices")
         return sec
-    except OSError as exc:
-        missing(sec, "nvidia-smi could not run: %s" % exc, "count", "driver_version", "cuda_version", "devices")
-        return sec
     if rc != 0:
-        first = (err or out).strip().splitlines()
+        first = out.strip().splitlines()
         missing(sec, "nvidia-smi exit %d: %s" % (rc, first[0] if first else "no output"),
                 "count", "driver_version", "cuda_version", "devices")
         return sec
@@ -190,15 +185,14 @@ def probe_gpus(timeout):
         sec["driver_version"] = drivers[0] if len(drivers) == 1 else ",".join(drivers)
     else:
         missing(sec, "nvidia-smi listed no driver version", "driver_version")
-    try:
-        rc, banner, _ = run_cmd([smi], timeout)
-        match = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
-        if match:
-            sec["cuda_version"] = match.group(1)
-        else:
-            missing(sec, "no 'CUDA Version' in the nvidia-smi banner", "cuda_version")
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        missing(sec, "nvidia-smi banner unreadable: %s" % exc.__class__.__name__, "cuda_version")
+    rc, banner = run_cmd([smi], timeout)
+    match = re.search(r"CUDA Version:\s*([0-9.]+)", banner) if rc is not None else None
+    if match:
+        sec["cuda_version"] = match.group(1)
+    elif rc is None:
+        missing(sec, "nvidia-smi banner: no answer within %gs" % timeout, "cuda_version")
+    else:
+        missing(sec, "no 'CUDA Version' in the nvidia-smi banner", "cuda_version")
     return sec
 
 
@@ -223,13 +217,12 @@ def probe_torch(run_import, timeout):
     if not run_import:
         missing(sec, "not checked: pass --torch to import torch in a subprocess (takes seconds)", *fields)
         return sec
-    try:
-        rc, out, err = run_cmd([sys.executable, "-c", TORCH_SNIPPET], timeout)
-    except subprocess.TimeoutExpired:
+    rc, out = run_cmd([sys.executable, "-c", TORCH_SNIPPET], timeout)
+    if rc is None:
         missing(sec, "importing torch took longer than %gs" % timeout, *fields)
         return sec
     if rc != 0:
-        tail = (err.strip().splitlines() or ["no output"])[-1]
+        tail = (out.strip().splitlines() or ["no output"])[-1]
         missing(sec, "importing torch failed: %s" % tail[:200], *fields)
         return sec
     try:
@@ -271,16 +264,6 @@ def find_mount(path, table):
         if path == point or path.startswith(point.rstrip("/") + "/"):
             return point, fstype, source
     return None, None, None
-
-
-def nearest_existing(path):
-    cur = os.path.abspath(path)
-    while not os.path.exists(cur):
-        parent = os.path.dirname(cur)
-        if parent == cur:
-            break
-        cur = parent
-    return cur
 
 
 PATH_FIELDS = ("path", "exists", "measured_at", "mount_point", "free_bytes", "free_gib", "total_bytes",
@@ -332,7 +315,7 @@ def probe_disks(paths):
         entry["path"] = path
         full = os.path.expanduser(path)
         entry["exists"] = os.path.exists(full)
-        measured = nearest_existing(full)
+        measured = core.nearest_existing(full)
         entry["measured_at"] = measured
         try:
             real = os.path.realpath(measured)
@@ -601,34 +584,36 @@ def probe_network(targets, timeout):
 
 # ---------------------------------------------------------------------------- gate and summary
 
+def disk_reasons(role, path, min_free_gb, min_free_inodes):
+    """The toolkit's disk gate (core.disk_gate, one inode floor) on one role's directory, as reasons."""
+    inode_floor = core.DEFAULT_MIN_FREE_INODES if min_free_inodes is None else min_free_inodes
+    floor_flag = "--min-free-inodes" if min_free_inodes is not None else \
+        "the toolkit's inode floor; --min-free-inodes changes it"
+    _, checks = core.disk_gate([os.path.expanduser(path)], min_free_gb or 0, inode_floor)
+    out = []
+    for check in checks:
+        if check["status"] == core.FAIL:
+            out.append("%s dir %s: %s; cannot verify the disk gate" % (role, path, check["line"]))
+            continue
+        if check.get("low_bytes"):
+            out.append("%s dir %s: %.1f GiB free < %g GiB required (--min-free-gb); free space or pick a "
+                       "bigger volume" % (role, path, check["free_bytes"] / GIB, min_free_gb))
+        if check.get("low_inodes"):
+            out.append("%s dir %s: %d inodes free < %d required (%s); pack small files into shards or "
+                       "archives, or use another volume" % (role, path, check["free_inodes"], inode_floor,
+                                                              floor_flag))
+    return out
+
+
 def evaluate_gate(report, args):
     reasons = []
     checks = []
     disks = report["disk_paths"]
     gated_roles = [r for r in ("data", "durable") if disks.get(r, {}).get("path")]
-    if args.min_free_gb is not None:
-        checks.append("min_free_gb")
+    if args.min_free_gb is not None or args.min_free_inodes is not None:
+        checks += (["min_free_gb"] if args.min_free_gb is not None else []) + ["min_free_inodes"]
         for role in gated_roles:
-            d = disks[role]
-            if d.get("free_bytes") is None:
-                reasons.append("%s dir %s: free space unreadable (%s); cannot verify --min-free-gb %g"
-                               % (role, d["path"], d["unavailable"].get("free_bytes"), args.min_free_gb))
-            elif d["free_bytes"] < args.min_free_gb * GIB:
-                reasons.append("%s dir %s: %.1f GiB free < %g GiB required (--min-free-gb); free space or "
-                               "pick a bigger volume" % (role, d["path"], d["free_bytes"] / GIB, args.min_free_gb))
-    if args.min_free_inodes is not None:
-        checks.append("min_free_inodes")
-        for role in gated_roles:
-            d = disks[role]
-            if d.get("inodes_dynamic"):
-                continue  # no fixed inode table on this filesystem: nothing can run out
-            if d.get("free_inodes") is None:
-                reasons.append("%s dir %s: free inodes unreadable; cannot verify --min-free-inodes %d"
-                               % (role, d["path"], args.min_free_inodes))
-            elif d["free_inodes"] < args.min_free_inodes:
-                reasons.append("%s dir %s: %d inodes free < %d required (--min-free-inodes); pack small "
-                               "files into shards or archives, or use another volume"
-                               % (role, d["path"], d["free_inodes"], args.min_free_inodes))
+            reasons += disk_reasons(role, disks[role]["path"], args.min_free_gb, args.min_free_inodes)
     if args.min_mem_gb is not None:
         checks.append("min_mem_gb")
         eff = report["memory"]["effective_limit_bytes"]
@@ -657,6 +642,10 @@ def evaluate_gate(report, args):
     return {"checked": checks, "passed": not reasons, "reasons": reasons}
 
 
+def na(value):
+    return "n/a" if value is None else value
+
+
 def fmt_gib(num):
     return "?" if num is None else "%.1f GiB" % (num / GIB)
 
@@ -668,9 +657,10 @@ def summary_lines(report):
     gpus = report["gpus"]
     if gpus["count"]:
         for d in gpus["devices"]:
-            lines.append(("OK", "gpu %s %s: %s/%s MiB used, util %s%%, driver %s, CUDA %s" % (
-                d["index"], d["name"], d["memory_used_mib"], d["memory_total_mib"], d["utilization_pct"],
-                d["driver_version"], gpus["cuda_version"] or "?")))
+            util = "n/a" if d["utilization_pct"] is None else "%s%%" % d["utilization_pct"]  # [N/A] on MIG
+            lines.append(("OK", "gpu %s %s: %s/%s MiB used, util %s, driver %s, CUDA %s" % (
+                d["index"], d["name"], na(d["memory_used_mib"]), na(d["memory_total_mib"]), util,
+                na(d["driver_version"]), gpus["cuda_version"] or "?")))
     else:
         lines.append(("WARN", "gpu: none usable (%s)" % (gpus["unavailable"].get("count") or "0 GPUs listed")))
     torch = report["torch"]
@@ -729,57 +719,17 @@ def summary_lines(report):
     return lines
 
 
-def write_atomic(path, text):
-    target = os.path.abspath(path)
-    folder = os.path.dirname(target)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(target), suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 # ---------------------------------------------------------------------------- main
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(message)
-
-
 def non_negative(kind, below=float("inf")):
-    def conv(text):
-        try:
-            val = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError("%r is not a number" % text)
-        if not 0 <= val < below:   # also refuses nan and inf
-            raise argparse.ArgumentTypeError("%r must be >= 0%s" % (text, "" if below == float("inf")
-                                                                      else " and < %g" % below))
-        return val
-    return conv
+    return core.arg_number(kind, 0, below)
 
 
 def build_parser():
-    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = core.Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                epilog="Exit codes: 0 ok, 2 usage/bad input, 3 a gate refused (reasons on stderr).")
     p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
-    p.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE (atomic)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE (atomic; '-' = stdout)")
     p.add_argument("--profile", metavar="NAME", help="take DATA_DIR/DURABLE_DIR defaults from this profile")
     p.add_argument("--data-dir", metavar="DIR", help="data/scratch directory (default $DATA_DIR or profile)")
     p.add_argument("--durable-dir", metavar="DIR", help="durable directory (default $DURABLE_DIR or profile)")
@@ -806,10 +756,8 @@ def build_parser():
 def resolve_dirs(args):
     sources = {}
     defaults = {}
-    if args.profile == "":
-        raise UsageError("--profile is empty")
-    if args.profile:
-        _, defaults = load_profile(args.profile)
+    if args.profile is not None:
+        defaults = core.load_profile(args.profile).get("defaults") or {}
     out = {}
     for role, flag, env_key in (("data", args.data_dir, "DATA_DIR"), ("durable", args.durable_dir, "DURABLE_DIR")):
         if flag:
@@ -821,7 +769,7 @@ def resolve_dirs(args):
         else:
             out[role], sources[role] = None, None
         if out[role]:
-            there = nearest_existing(os.path.expanduser(out[role]))
+            there = core.nearest_existing(os.path.expanduser(out[role]))
             if not os.path.isdir(there):
                 raise UsageError("%s dir %s (from %s): %s is not a directory" % (role, out[role], sources[role], there))
     return out, sources, defaults
@@ -839,10 +787,13 @@ def run(args):
         targets = [parse_target(t) for t in args.network_target]
     elif args.network:
         targets = [(h, 443) for h in DEFAULT_TARGETS]
-    if args.out:
+    if args.out == "":
+        raise UsageError("--out is empty (give a file name, or '-' for stdout)")
+    if args.out and args.out != "-":
         folder = os.path.dirname(os.path.abspath(args.out))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             raise UsageError("--out %s: directory %s is missing or not writable" % (args.out, folder))
+        core.check_replaceable(args.out)  # never replace /dev/null, a FIFO or a symlink (finding 5)
 
     net_holder = {}
     net_thread = None
@@ -866,7 +817,7 @@ def run(args):
 
     report = {
         "schema": SCHEMA,
-        "probed_at": utc_now(),
+        "probed_at": core.utc_iso(),
         "host": socket.gethostname(),
         "profile": args.profile,
         "profile_defaults": {k: defaults.get(k) for k in ("DATA_DIR", "DURABLE_DIR", "HF_HOME", "DISK_FLOOR_GB")}
@@ -888,20 +839,68 @@ def run(args):
     return report
 
 
+def build_gate_parser():
+    p = core.Parser(prog="node_probe.py disk-gate",
+                    description="The toolkit's disk gate on each PATH's filesystem (rgt_core.disk_gate).",
+                    epilog="Exit codes: 0 every check passed, 2 usage, 3 refused (reasons on stdout and stderr).")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a directory (or a file) whose filesystem is gated")
+    p.add_argument("--min-free-gb", type=non_negative(float), default=0.0, metavar="N",
+                   help="GiB that must be free (default 0)")
+    p.add_argument("--min-free-inodes", type=non_negative(int), default=core.DEFAULT_MIN_FREE_INODES, metavar="N",
+                   help="free inodes required (default %d, the toolkit's one floor)" % core.DEFAULT_MIN_FREE_INODES)
+    p.add_argument("--writable", action="append", default=[], metavar="DIR",
+                   help="a file must be creatable and removable in DIR (repeatable)")
+    p.add_argument("--json", action="store_true", help="print {ok, status, checks} as JSON on stdout")
+    return p
+
+
+def gate_line(check):
+    """One line per check, with the floor it is under named: what the queue and the launcher print."""
+    if check["status"] != core.REFUSED or "low_bytes" not in check:
+        return check["line"]
+    parts = []
+    if check["low_bytes"]:
+        parts.append("%.2f GiB free, below the floor of %g GiB" % (check["free_bytes"] / GIB, check["min_free_gb"]))
+    if check["low_inodes"]:
+        parts.append("%d free inodes, below the floor of %d" % (check["free_inodes"], check["min_free_inodes"]))
+    return "REFUSED disk %s (measured at %s): %s" % (check["path"], check["measured_at"], "; ".join(parts))
+
+
+def disk_gate_main(argv):
+    args = build_gate_parser().parse_args(argv)
+    if any(not p for p in args.paths + args.writable):
+        raise UsageError("an empty path was given")
+    ok, checks = core.disk_gate(args.paths, args.min_free_gb, args.min_free_inodes, writable=args.writable)
+    for check in checks:
+        check["line"] = gate_line(check)
+        check.pop("dev", None)
+    status = core.OK if ok else (core.FAIL if any(c["status"] == core.FAIL for c in checks) else core.REFUSED)
+    if args.json:
+        core.emit_json({"ok": ok, "status": status, "checks": checks})
+    else:
+        for check in checks:
+            print(check["line"])
+    for check in checks:
+        if check["status"] != core.OK:
+            core.say_error(check["line"])
+    return core.EXIT_OK if ok else core.EXIT_REFUSED
+
+
 def main(argv=None):
-    try:
-        args = build_parser().parse_args(argv)
-        report = run(args)
-    except UsageError as exc:
-        print("node_probe: error: %s" % exc, file=sys.stderr)
-        return 2
-    text = json.dumps(report, indent=2, sort_keys=False) + "\n"
+    core.check_toolkit()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["disk-gate"]:
+        return disk_gate_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.out == "-":
+        args.out, args.json = None, True  # '-' is stdout: the report is printed once
+    report = run(args)
+    text = core.dumps(report)
     if args.out:
         try:
-            write_atomic(args.out, text)
+            core.atomic_write(args.out, text)
         except OSError as exc:
-            print("node_probe: error: cannot write --out %s: %s" % (args.out, exc.strerror), file=sys.stderr)
-            return 2
+            raise UsageError("cannot write --out %s: %s" % (args.out, exc.strerror or exc))
     if args.json:
         sys.stdout.write(text)
     else:
@@ -909,8 +908,8 @@ def main(argv=None):
             print("%-4s %s" % (word, msg))
     for reason in report["gate"]["reasons"]:
         print("REFUSED: %s" % reason, file=sys.stderr)
-    return 0 if report["gate"]["passed"] else 3
+    return core.EXIT_OK if report["gate"]["passed"] else core.EXIT_REFUSED
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(core.run_main(main))

@@ -7,10 +7,20 @@
 #   bash reap_vram_zombies.sh --kill               # SIGTERM each ORPHAN, SIGKILL after --grace seconds
 #   bash reap_vram_zombies.sh --pids-from FILE     # classify the PIDs in FILE (one per line) instead of asking
 #                                                  # nvidia-smi; for tests and for PIDs found another way
-#   Options: --grace S (default 10)  --min-age S (default 120; younger processes are never orphans)
-#            --reaper NAME (repeatable: another process name that adopts orphans, e.g. a custom init)
+#   bash reap_vram_zombies.sh --json               # one JSON object on stdout instead of the lines
 #
-# Where PIDs come from: `nvidia-smi --query-compute-apps` plus every process with a /dev/nvidiaN device open
+# Options:
+#   --kill            signal the ORPHAN processes (without it nothing is ever signalled)
+#   --grace S         seconds between SIGTERM and SIGKILL (default 10)
+#   --min-age S       younger processes are never orphans (default 120)
+#   --pids-from FILE  classify these PIDs (one per line, "PID, anything" allowed, # comments)
+#   --reaper NAME     another process name that adopts orphans, e.g. a custom init (repeatable)
+#   --json            print {"status", "summary", "kill", "processes": [{"class", "pid", "name", "source",
+#                     "mem_mib", "why"}], "actions": [{"action", "pid", "detail"}], "orphans", "owned",
+#                     "killed"} instead of the lines; "status" is OK, FAIL or NO_GPU
+#   -h, --help        this text
+#
+# Where PIDs come from: nvidia-smi's compute-apps query plus every process with a /dev/nvidiaN device open
 # (found through /proc/*/fd — this also catches holders nvidia-smi cannot show). A PID that nvidia-smi lists
 # but that holds no /dev/nvidia* here (another PID namespace, e.g. a host PID seen from a container) is
 # reported as ELSEWHERE and never touched.
@@ -26,7 +36,8 @@
 # start time changed since it was classified (PID reuse).
 #
 # Output: one line per PID starting with ORPHAN, OWNED, YOUNG, DEFUNCT, ELSEWHERE or GONE; with --kill,
-# KILLED or FAIL lines; last line "RESULT: ...".
+# KILLED, SKIP or FAIL lines; last line "RESULT: ...". Errors: one line "reap_vram_zombies.sh: error: ...".
+# Every nvidia-smi call has a hard timeout (15 s).
 # Exit codes: 0 listed (and, with --kill, every orphan is gone); 1 an orphan survived or could not be
 # signalled; 2 usage error. Without --pids-from and with no NVIDIA GPU: "RESULT: NO_GPU", exit 0.
 set -u
@@ -35,10 +46,13 @@ KILL=0
 GRACE=10
 MIN_AGE=120
 PIDS_FROM=""
+JSON=0
+PROCS=()
+ACTIONS=()
 REAPERS=" init systemd tini dumb-init docker-init catatonit s6-svscan "
 
 usage() { sed -n '2,/^set -u/p' "$0" | sed -e '/^set -u/d' -e 's/^# \{0,1\}//'; }
-die_usage() { echo "reap_vram_zombies: error: $1 (see --help)" >&2; exit 2; }
+die_usage() { echo "reap_vram_zombies.sh: error: $1 (see --help)" >&2; exit 2; }
 is_uint() { case "$1" in '' | *[!0-9]*) return 1 ;; *) return 0 ;; esac; }
 need_uint() { if [ "$2" -lt 2 ] || ! is_uint "$3"; then die_usage "$1 needs a whole number of seconds"; fi; }
 
@@ -46,6 +60,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         -h | --help) usage; exit 0 ;;
         --kill) KILL=1; shift ;;
+        --json) JSON=1; shift ;;
         --grace) need_uint "$1" $# "${2:-}"; GRACE=$2; shift 2 ;;
         --min-age) need_uint "$1" $# "${2:-}"; MIN_AGE=$2; shift 2 ;;
         --pids-from) [ $# -ge 2 ] && [ -n "$2" ] || die_usage "--pids-from needs a file"; PIDS_FROM=$2; shift 2 ;;
@@ -56,6 +71,57 @@ while [ $# -gt 0 ]; do
 done
 if [ -n "$PIDS_FROM" ] && [ ! -r "$PIDS_FROM" ]; then die_usage "--pids-from $PIDS_FROM is not readable"; fi
 if [ -n "$PIDS_FROM" ] && [ -d "$PIDS_FROM" ]; then die_usage "--pids-from $PIDS_FROM is a directory, not a file"; fi
+
+jstr() {  # jstr TEXT: J = a JSON string literal (other control characters become spaces)
+    local LC_ALL=C s=${1//\\/\\\\}
+    s=${s//\"/\\\"}; s=${s//$'\t'/\\t}; s=${s//$'\n'/\\n}; s=${s//$'\r'/\\r}
+    J="\"${s//[$'\x01'-$'\x1f']/ }\""
+}
+
+# report CLASS PID NAME SOURCE MEM WHY — one classified PID: a line, or a record for --json.
+report() {
+    local memtxt=""
+    if [ "$JSON" -eq 1 ]; then PROCS+=("$1"$'\t'"$2"$'\t'"$3"$'\t'"$4"$'\t'"$5"$'\t'"$6"); return; fi
+    if [ "$1" = ELSEWHERE ]; then
+        printf 'ELSEWHERE %s mem=%sMiB — %s\n' "$2" "$5" "$6"
+        return
+    fi
+    if [ "$5" != "-" ]; then memtxt=" mem=${5}MiB"; fi
+    printf '%-9s %s (%s) src=%s%s — %s\n' "$1" "$2" "$3" "$4" "$memtxt" "$6"
+}
+
+# action WORD PID DETAIL — what --kill did to one PID ("KILLED 42 with SIGTERM").
+action() {
+    if [ "$JSON" -eq 1 ]; then ACTIONS+=("$1"$'\t'"$2"$'\t'"$3"); return; fi
+    printf '%-6s %s %s\n' "$1" "$2" "$3"
+}
+
+# finish STATUS SUMMARY EXIT — the RESULT line (or the JSON object) and exit.
+finish() {
+    local item f procs="" acts="" sep="" mem
+    if [ "$JSON" -eq 0 ]; then
+        if [ "$1" = NO_GPU ]; then echo "RESULT: NO_GPU — $2"; else echo "RESULT: $2"; fi
+        exit "$3"
+    fi
+    for item in "${PROCS[@]+"${PROCS[@]}"}"; do
+        IFS=$'\t' read -r -a f <<< "$item"
+        mem=${f[4]}; is_uint "$mem" || mem=null
+        procs+="$sep"$'\n    '"{\"class\": \"${f[0]}\", \"pid\": ${f[1]}"
+        jstr "${f[2]}"; procs+=", \"name\": $J"
+        jstr "${f[3]}"; procs+=", \"source\": $J, \"mem_mib\": $mem"
+        jstr "${f[5]}"; procs+=", \"why\": $J}"; sep=","
+    done
+    sep=""
+    for item in "${ACTIONS[@]+"${ACTIONS[@]}"}"; do
+        IFS=$'\t' read -r -a f <<< "$item"
+        jstr "${f[2]}"; acts+="$sep"$'\n    '"{\"action\": \"${f[0]}\", \"pid\": ${f[1]}, \"detail\": $J}"; sep=","
+    done
+    jstr "$2"
+    printf '{\n  "status": "%s",\n  "summary": %s,\n  "kill": %s,\n  "orphans": %d,\n  "owned": %d,\n' \
+        "$1" "$J" "$([ "$KILL" -eq 1 ] && echo true || echo false)" "${n_orphan:-0}" "${n_owned:-0}"
+    printf '  "killed": %d,\n  "processes": [%s\n  ],\n  "actions": [%s\n  ]\n}\n' "${killed:-0}" "$procs" "$acts"
+    exit "$3"
+}
 
 CLK_TCK=$(getconf CLK_TCK 2>/dev/null) || CLK_TCK=100
 is_uint "$CLK_TCK" || CLK_TCK=100
@@ -159,11 +225,11 @@ else
     have_dev=0
     for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && have_dev=1 && break; done
     if ! command -v nvidia-smi >/dev/null 2>&1 && [ "$have_dev" -eq 0 ]; then
-        echo "RESULT: NO_GPU — no NVIDIA GPU on this node (no nvidia-smi, no /dev/nvidia*); nothing holds VRAM"
-        exit 0
+        finish NO_GPU "no NVIDIA GPU on this node (no nvidia-smi, no /dev/nvidia*); nothing holds VRAM" 0
     fi
     if command -v nvidia-smi >/dev/null 2>&1; then
-        apps=$(timeout 15 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null) ||
+        apps=$(timeout -k 2 15 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits \
+            2>/dev/null) ||
             echo "WARN nvidia-smi could not list compute apps; relying on the /dev/nvidia* scan" >&2
         while IFS=, read -r apid amem; do
             apid=${apid// /}; amem=${amem// /}
@@ -185,62 +251,59 @@ while IFS=$'\t' read -r pid src memv; do
     [ -z "${SEEN[$pid]:-}" ] || continue
     SEEN[$pid]=1
     if [ "$src" = nvidia-smi ] && ! holds_gpu_device "$pid"; then
-        printf 'ELSEWHERE %s mem=%sMiB — listed by nvidia-smi but holds no /dev/nvidia* in this PID namespace;' \
-            "$pid" "$memv"
-        echo " never touched"
+        report ELSEWHERE "$pid" "-" "$src" "$memv" \
+            "listed by nvidia-smi but holds no /dev/nvidia* in this PID namespace; never touched"
         continue
     fi
     classify "$pid"
     name="-"
     if [ "$CLASS" != GONE ]; then name=$(comm_of "$pid"); fi
-    memtxt=""
-    if [ "$memv" != "-" ]; then memtxt=" mem=${memv}MiB"; fi
-    printf '%-9s %s (%s) src=%s%s — %s\n' "$CLASS" "$pid" "$name" "$src" "$memtxt" "$WHY"
+    report "$CLASS" "$pid" "$name" "$src" "$memv" "$WHY"
     case "$CLASS" in
         ORPHAN) orphans+=("$pid:$START"); n_orphan=$((n_orphan + 1)) ;;
         OWNED | YOUNG) n_owned=$((n_owned + 1)) ;;
     esac
 done <<< "$entries"
 
+killed=0
 if [ "$KILL" -eq 0 ]; then
     if [ "$n_orphan" -gt 0 ]; then
-        echo "RESULT: $n_orphan orphan(s), $n_owned owned/young — dry run, nothing signalled; re-run with --kill" \
-            "to stop the ORPHAN lines"
-    else
-        echo "RESULT: no orphans ($n_owned owned/young) — nothing to do"
+        msg="$n_orphan orphan(s), $n_owned owned/young — dry run, nothing signalled;"
+        finish OK "$msg re-run with --kill to stop the ORPHAN lines" 0
     fi
-    exit 0
+    finish OK "no orphans ($n_owned owned/young) — nothing to do" 0
 fi
 
-rc=0; killed=0
+rc=0
 for item in "${orphans[@]+"${orphans[@]}"}"; do
     pid=${item%%:*}; start=${item#*:}
     # Re-check right before signalling: same process (start time) and still an orphan.
     classify "$pid"
-    if [ "$CLASS" = GONE ] || [ "$CLASS" = DEFUNCT ]; then echo "KILLED $pid exited by itself"; continue; fi
+    if [ "$CLASS" = GONE ] || [ "$CLASS" = DEFUNCT ]; then action KILLED "$pid" "exited by itself"; continue; fi
     if [ "$START" != "$start" ] || [ "$CLASS" != ORPHAN ]; then
-        echo "SKIP   $pid changed since it was listed ($CLASS: $WHY); not signalled"; continue
+        action SKIP "$pid" "changed since it was listed ($CLASS: $WHY); not signalled"; continue
     fi
     if ! kill -TERM "$pid" 2>/dev/null; then
-        echo "FAIL   $pid: SIGTERM refused (another user's process?)"; rc=1; continue
+        action FAIL "$pid" "SIGTERM refused (another user's process?)"; rc=1; continue
     fi
     waited=0
     while alive "$pid" && [ "$ST_START" = "$start" ] && [ "$waited" -lt $((GRACE * 10)) ]; do
         sleep 0.1; waited=$((waited + 1))
     done
     if ! alive "$pid" || [ "$ST_START" != "$start" ]; then
-        echo "KILLED $pid with SIGTERM"; killed=$((killed + 1)); continue
+        action KILLED "$pid" "with SIGTERM"; killed=$((killed + 1)); continue
     fi
     kill -KILL "$pid" 2>/dev/null
     waited=0
     while alive "$pid" && [ "$ST_START" = "$start" ] && [ "$waited" -lt 50 ]; do sleep 0.1; waited=$((waited + 1)); done
     if alive "$pid" && [ "$ST_START" = "$start" ]; then
-        echo "FAIL   $pid survived SIGKILL (stuck in the driver, state $ST_STATE):" \
-            "reset the GPU or restart the container"
+        msg="survived SIGKILL (stuck in the driver, state $ST_STATE):"
+        action FAIL "$pid" "$msg reset the GPU or restart the container"
         rc=1
     else
-        echo "KILLED $pid with SIGKILL after ${GRACE}s grace"; killed=$((killed + 1))
+        action KILLED "$pid" "with SIGKILL after ${GRACE}s grace"; killed=$((killed + 1))
     fi
 done
-echo "RESULT: $killed of $n_orphan orphan(s) stopped; $n_owned owned/young left alone"
-exit "$rc"
+status=OK
+[ "$rc" -eq 0 ] || status=FAIL
+finish "$status" "$killed of $n_orphan orphan(s) stopped; $n_owned owned/young left alone" "$rc"

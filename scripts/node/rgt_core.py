@@ -7,13 +7,18 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
                                      failure; refuses to replace anything that is not a regular
                                      file (a device, a FIFO, a symlink); "-" means stdout
   process_identity / pid_alive       pid + start time + boot id, so a reused pid is not "alive"
-  sha256_file                        streamed SHA-256 that notices a file changing under it
+  record_alive / process_start_epoch  liveness of a process a state file recorded (its identity, else
+                                     the bare pid checked against when the record was made)
+  sha256_file                        streamed SHA-256 that notices a file changing under it (a sink
+                                     can write a copy of exactly the bytes hashed)
   profile_index_path / load_profile  the profile index lookup (one search order, one error)
   disk_check / disk_gate             free bytes AND inodes, plus a write probe, one inode floor
   progress_age / is_stalled          the stall rule (one default, read from the dead-man's config)
+  deadman_state                      what watches a run dir: ARMED, DOWN, FIRED, DISARMED, EXITED, NONE
   run_bounded                        an external command with a hard timeout that holds even when
                                      the command leaves detached children holding its output
   Parser / run_main / die            one-line errors with one prefix and the exit-code contract
+  arg_number                         an argparse type for a bounded finite number (nan/inf refused)
   check_toolkit / toolkit_version    the node folder's version stamp (VERSION.json)
 
 Exit codes shared by every script: 0 OK, 1 a check failed, 2 usage or bad input, 3 a gate refused.
@@ -83,6 +88,20 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         raise UsageError("%s (see --help)" % message)
+
+
+def arg_number(kind=float, low=0.0, high=float("inf"), low_open=False):
+    """An argparse type: a KIND in [LOW, HIGH), or (LOW, HIGH) with LOW_OPEN; nan and inf never pass."""
+    def convert(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("%r is not a number" % text)
+        if not ((value > low if low_open else value >= low) and value < high):  # nan fails every comparison
+            raise argparse.ArgumentTypeError("%r must be %s %g%s" % (
+                text, ">" if low_open else ">=", low, "" if high == float("inf") else " and < %g" % high))
+        return value
+    return convert
 
 
 def run_main(main, argv=None, prog=None):
@@ -397,6 +416,42 @@ def group_alive(pgid):
     return False
 
 
+def process_start_epoch(pid):
+    """Wall-clock time PID started (boot time + start ticks from /proc), or None where unknown."""
+    ticks = process_identity(pid).get("start_ticks")
+    if ticks is None:
+        return None
+    try:
+        with open("/proc/stat") as handle:
+            btime = next((int(line.split()[1]) for line in handle if line.startswith("btime ")), None)
+        hertz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if btime is None or hertz <= 0 else btime + ticks / float(hertz)
+
+
+REUSE_SLACK_SECONDS = 60.0
+
+
+def record_alive(identity=None, pid=None, not_after=None):
+    """Is the process a state file recorded still that same process?
+
+    IDENTITY (a process_identity dict) decides whenever it was recorded: pid, start time and boot
+    must all match. A record without one (written by an older toolkit) falls back to the bare PID,
+    and NOT_AFTER (epoch seconds: when the record says the process was already running, e.g. a
+    run's started_at or a dead-man's armed_at) catches a pid reused by a process that started
+    later than that (beyond REUSE_SLACK_SECONDS of clock and truncation slack)."""
+    if isinstance(identity, dict) and _pid(identity.get("pid")):
+        return identity_alive(identity)
+    if not pid_alive(pid):
+        return False
+    if isinstance(not_after, (int, float)) and not isinstance(not_after, bool):
+        started = process_start_epoch(pid)
+        if started is not None and started > not_after + REUSE_SLACK_SECONDS:
+            return False
+    return True
+
+
 class Bounded(object):
     """Result of run_bounded: rc (None when killed), timed_out, output (text), seconds."""
 
@@ -448,11 +503,12 @@ def run_bounded(argv, timeout, env=None, cwd=None, max_output=65536, kill_grace=
 _local = threading.local()
 
 
-def sha256_file(path, bufsize=1 << 20, on_bytes=None):
+def sha256_file(path, bufsize=1 << 20, on_bytes=None, sink=None):
     """Stream one regular file through SHA-256 -> (size, hexdigest).
 
     Does not follow a final symlink; raises OSError, or ValueError when the file is not regular or
-    changed (size or mtime) while it was read."""
+    changed (size or mtime) while it was read. SINK, when given, is called with each chunk read (a
+    memoryview, valid only during the call): a copy written by it is exactly the bytes hashed."""
     view = getattr(_local, "view", None)
     if view is None or len(view) != bufsize:
         view = _local.view = memoryview(bytearray(bufsize))
@@ -474,6 +530,8 @@ def sha256_file(path, bufsize=1 << 20, on_bytes=None):
                 if not count:
                     break
                 digest.update(view[:count])
+                if sink is not None:
+                    sink(view[:count])
                 total += count
                 if on_bytes is not None:
                     on_bytes(count)
@@ -548,7 +606,8 @@ def disk_check(path):
     return {"path": path, "measured_at": probe, "dev": os.stat(probe).st_dev,
             "free_bytes": free, "free_gib": round(free / float(1 << 30), 2),
             "total_bytes": st.f_blocks * st.f_frsize,
-            "free_inodes": st.f_favail if st.f_files > 0 else None}
+            "free_inodes": st.f_favail if st.f_files > 0 else None,
+            "total_inodes": st.f_files if st.f_files > 0 else None}
 
 
 def write_probe(folder):
@@ -566,7 +625,8 @@ def write_probe(folder):
 def disk_gate(paths, min_free_gb, min_free_inodes=DEFAULT_MIN_FREE_INODES, writable=()):
     """Check each distinct filesystem of PATHS against the floors, and each WRITABLE dir with a probe.
 
-    Returns (ok, checks): one dict per filesystem / probe with a status word and a line to print."""
+    Returns (ok, checks): one dict per filesystem / probe with a status word and a line to print;
+    a filesystem's dict also says which floor it is under (low_bytes, low_inodes) and the floors."""
     checks, seen, ok = [], set(), True
     for path in paths:
         if not path:
@@ -580,8 +640,10 @@ def disk_gate(paths, min_free_gb, min_free_inodes=DEFAULT_MIN_FREE_INODES, writa
         if info["dev"] in seen:
             continue
         seen.add(info["dev"])
-        low_bytes = info["free_gib"] < float(min_free_gb)
+        low_bytes = info["free_bytes"] < float(min_free_gb) * (1 << 30)  # bytes, not the rounded GiB
         low_inodes = info["free_inodes"] is not None and info["free_inodes"] < int(min_free_inodes)
+        info.update(low_bytes=low_bytes, low_inodes=low_inodes, min_free_gb=float(min_free_gb),
+                    min_free_inodes=int(min_free_inodes))
         info["status"] = REFUSED if (low_bytes or low_inodes) else OK
         info["line"] = "%s disk %s: %.1f GiB free (floor %g), %s" % (
             info["status"], info["measured_at"], info["free_gib"], float(min_free_gb),
@@ -628,6 +690,42 @@ def is_stalled(age_seconds, stall_minutes):
     return bool(stall_minutes) and age_seconds is not None and age_seconds > float(stall_minutes) * 60.0
 
 
+# ---------------------------------------------------------------- the dead-man's record
+
+DEADMAN_FILE = "deadman.json"
+DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
+
+
+def deadman_state(run_dir, check_alive=True):
+    """What watches the run in RUN_DIR, read from deadman.json and DEADMAN_FIRED.json -> dict.
+
+    word: ARMED (its process is alive, or CHECK_ALIVE is False: the pid is on another host),
+    DOWN (says armed but its process is gone: nothing watches), FIRED (a firing record exists),
+    DISARMED (acknowledged off on purpose), EXITED (stopped by a signal: nothing watches),
+    NONE (never armed), or the recorded state in capitals. watching is True only for a live ARMED
+    one. Also: pid, alive (None when not checked), state, armed_at, config (a dict), fired (the
+    record or None)."""
+    doc = read_json(os.path.join(run_dir, DEADMAN_FILE))
+    fired_path = os.path.join(run_dir, DEADMAN_FIRED_FILE)
+    fired = read_json(fired_path) if os.path.exists(fired_path) else None
+    state = doc.get("state") if isinstance(doc.get("state"), str) else None
+    alive = None
+    if check_alive and doc:
+        alive = record_alive(doc.get("identity"), doc.get("pid"), parse_iso(doc.get("armed_at")))
+    if fired is not None or state == "fired":
+        word = "FIRED"
+    elif not doc:
+        word = "NONE"
+    elif state == "armed":
+        word = "DOWN" if alive is False else "ARMED"
+    else:
+        word = (state or "unknown").upper()
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    return {"word": word, "watching": word == "ARMED" and alive is not False, "alive": alive,
+            "pid": _pid(doc.get("pid")), "state": state, "armed_at": doc.get("armed_at"), "config": config,
+            "fired": fired}
+
+
 # ---------------------------------------------------------------- the version stamp
 
 def file_sha256(path):
@@ -671,3 +769,40 @@ def check_toolkit():
         die("REFUSED: the node toolkit in %s is not one version (%s); push the whole scripts/node folder "
             "again (maintainers: python3 tools/stamp_node.py)" % (NODE_DIR, "; ".join(problems[:3])),
             EXIT_REFUSED)
+
+
+def streamed_program(main_path, modules=("rgt_core", "evidence")):
+    """Python source that runs MAIN_PATH with the core MODULES loaded from memory, for `ssh HOST python3 -`:
+    a node tool runs on a host that has no toolkit pushed, and nothing is written there. The parts come
+    from this one checkout, so the version check has nothing to compare and is skipped."""
+    lines = ["import os, sys, types", "os.environ['RGT_SKIP_VERSION_CHECK'] = '1'"]
+    for name in modules:
+        with open(os.path.join(NODE_DIR, name + ".py"), encoding="utf-8") as handle:
+            source = handle.read()
+        lines.append("_m = types.ModuleType(%r); _m.__file__ = %r; sys.modules[%r] = _m; "
+                     "exec(compile(%r, %r, 'exec'), _m.__dict__)" % (name, name + ".py", name, source, name + ".py"))
+    with open(main_path, encoding="utf-8") as handle:
+        source = handle.read()
+    base = os.path.basename(main_path)
+    lines.append("sys.argv[0] = %r; exec(compile(%r, %r, 'exec'), {'__name__': '__main__', '__file__': %r})"
+                 % (base, source, base, base))
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+def _main(argv=None):
+    """`python3 rgt_core.py --version`: print the stamped version when every file matches it (exit 0),
+    else the mismatches (exit 3). What the laptop's push runs on the node to prove the copy."""
+    parser = Parser(prog="rgt_core.py", description="The node toolkit's shared core.")
+    parser.add_argument("--version", action="store_true", help="print the toolkit version after checking it")
+    args = parser.parse_args(argv)
+    if not args.version:
+        raise UsageError("nothing to do: rgt_core.py is imported by the tools; try --version")
+    problems = toolkit_problems()
+    if problems:
+        raise Refused("the toolkit in %s is not one version: %s" % (NODE_DIR, "; ".join(problems)))
+    print(toolkit_version())
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(_main, prog="rgt_core.py"))

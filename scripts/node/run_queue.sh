@@ -8,11 +8,16 @@
 #     --disk-floor-gb N     refuse a cell when free space is below N GiB (default $DISK_FLOOR_GB or 1);
 #                           measured on $DATA_DIR when set (its nearest existing parent if it is
 #                           not created yet), else the current directory
-#     --inode-floor N       also refuse below N free inodes (default 1000; skipped on filesystems
-#                           that report no inode count)
+#     --inode-floor N       refuse a cell below N free inodes (default: the toolkit's one inode floor,
+#                           10000; skipped on filesystems that report no inode count)
+#     --stop-grace S        when the queue is stopped, give the running cell's process group S seconds
+#                           after SIGTERM before SIGKILL (default 20: below the dead-man's 30 s job grace,
+#                           so under run_one.sh the queue's own SIGKILL of the cell comes first)
 #     --stop-on-fail        stop at the first failed cell (later cells are marked not_run)
 #     --retry-failed        re-run cells that failed in an earlier pass (default: keep them failed)
 #     --dry-run             list the cells, their ids and recorded statuses; run nothing
+#     --json                print the per-cell summary (the queue_status.json document) on stdout at the
+#                           end; the progress lines then go to stderr
 #     -h, --help
 #
 # Queue file: one shell command per line, run with `bash -c` in the current directory, stdin from
@@ -22,57 +27,77 @@
 # line makes it a new cell; inserting lines above finished cells renumbers them (comment lines
 # out instead of deleting them, and append new cells at the end).
 #
+# Each cell runs in its own session and process group (setsid). A cell ends when its whole process
+# group has exited: after the command returns, the queue waits for the background processes it left
+# (an async checkpoint writer, an uploader) before it records the result and starts the next cell.
+# Detach a process that must outlive its cell with setsid.
+#
+# The disk gate is the toolkit's own (node_probe.py disk-gate beside this script, i.e. rgt_core's
+# disk_gate), run with a hard timeout; it needs python3 ($RGT_PYTHON overrides).
+#
 # State, under QUEUE_DIR:
 #   cells/<id>/status      pending | running | succeeded | failed | interrupted | refused_disk | not_run
 #   cells/<id>/exit_code   the command's exit status
 #   cells/<id>/log         its stdout+stderr, appended across attempts
+#   cells/<id>/pgid        its process group (= the pid of its session leader), with start_ticks and
+#                          boot_id: the identity that tells a live old cell from a reused pid
 #   cells/<id>/{cmd,pid,started,ended,attempts,reason}
-#   queue_status.json      summary, written atomically by python3 ($RGT_PYTHON overrides; skipped with a
-#                          warning when there is none)
+#   queue_status.json      the per-cell summary, replaced atomically: {schema: rgt-queue-status/1,
+#                          queue_file, queue_dir, state (running|finished|interrupted|dry_run), status (OK or
+#                          FAIL once finished, null while running), pid, updated_at, counts, all_succeeded,
+#                          cells: [{id, line, cmd, status, exit_code, started_at, ended_at, seconds, attempts,
+#                          pgid, reason}]}
 #   queue.lock/            one pass per queue dir; a lock left by a dead pass is taken over
 #
 # Resuming: run the same command again. Succeeded cells are skipped; a cell recorded as running
 # (the pass died: kill -9, reboot) or interrupted is run again from the start, so give long cells
-# their own checkpoint/resume (examples/train_resumable.py). If that cell's old process is still
-# alive the pass refuses to start (exit 3) instead of running it twice.
+# their own checkpoint/resume (examples/train_resumable.py). If any cell's old process group is
+# still alive (a pass was killed while its cell ran on) the pass refuses to start (exit 3), so a
+# cell is never started twice.
 #
-# Environment given to each cell: RGT_CELL_ID, RGT_CELL_DIR, RGT_QUEUE_DIR, and RGT_HEARTBEAT
-# (kept when already set, e.g. by run_one.sh, so the run's dead-man sees the cell's heartbeat;
-# else <cell dir>/heartbeat.json).
-#
-# Detach the queue itself, not its cells: e.g.
-#   scripts/node/run_one.sh --run-id sweep-1 -- bash scripts/node/run_queue.sh sweep.txt
-#   tmux new -d -s q1 'bash scripts/node/run_queue.sh sweep.txt'
-# SIGTERM/SIGINT/SIGHUP: forwarded to the running cell (SIGTERM), which is then recorded as
-# interrupted; the pass writes its summary and exits 128+signal.
+# Detach the queue itself, not its cells, e.g. start this script as the job of run_one.sh, or in a
+# detached tmux session.
+# SIGTERM/SIGINT/SIGHUP: the running cell's whole process group gets SIGTERM (SIGKILL after
+# --stop-grace); the queue waits until the group is gone, records the cell as interrupted, writes
+# its summary and exits 128+signal.
 #
 # Exit codes: 0 every cell succeeded; 1 at least one cell failed, was refused or did not run;
-#   2 usage error (bad option, missing or empty queue file); 3 refused to start (another live pass
-#   holds the lock, or an interrupted cell's process is still running); 128+N stopped by signal N.
+#   2 usage error (bad option, missing or empty queue file, no python3); 3 refused to start (another
+#   live pass holds the lock, or a cell's old process group is still running); 128+N stopped by
+#   signal N.
 
 set -uo pipefail
 
-PROG=run_queue
+PROG=run_queue.sh
+NODE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 QUEUE_FILE=""
 QUEUE_DIR=""
 QUEUE_DIR_SET=0
 FLOOR_GB="${DISK_FLOOR_GB:-1}"
-INODE_FLOOR=1000
+INODE_FLOOR=""
+STOP_GRACE=20
 STOP_ON_FAIL=0
 RETRY_FAILED=0
 DRY_RUN=0
+JSON=0
+GATE_TIMEOUT=120
+PYTHON="${RGT_PYTHON:-python3}"
 
 usage() {
     sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0"
 }
 
 die() {
-    printf '%s: %s\n' "$PROG" "$*" >&2
+    printf '%s: error: %s\n' "$PROG" "$*" >&2
     exit 2
 }
 
 is_number() {
     [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]
+}
+
+is_uint() {
+    [[ "$1" =~ ^[0-9]{1,18}$ ]]
 }
 
 while [ "$#" -gt 0 ]; do
@@ -84,9 +109,12 @@ while [ "$#" -gt 0 ]; do
         --disk-floor-gb=*) FLOOR_GB="${1#*=}"; shift ;;
         --inode-floor) [ "$#" -ge 2 ] || die "--inode-floor needs a value"; INODE_FLOOR="$2"; shift 2 ;;
         --inode-floor=*) INODE_FLOOR="${1#*=}"; shift ;;
+        --stop-grace) [ "$#" -ge 2 ] || die "--stop-grace needs a value"; STOP_GRACE="$2"; shift 2 ;;
+        --stop-grace=*) STOP_GRACE="${1#*=}"; shift ;;
         --stop-on-fail) STOP_ON_FAIL=1; shift ;;
         --retry-failed) RETRY_FAILED=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
+        --json) JSON=1; shift ;;
         --) shift; break ;;
         -*) die "unknown option $1 (see --help)" ;;
         *) [ -z "$QUEUE_FILE" ] || die "only one queue file, got '$QUEUE_FILE' and '$1'"; QUEUE_FILE="$1"; shift ;;
@@ -100,22 +128,28 @@ fi
 [ -f "$QUEUE_FILE" ] && [ -r "$QUEUE_FILE" ] || die "queue file not found or unreadable: $QUEUE_FILE"
 is_number "$FLOOR_GB" || die "--disk-floor-gb must be a number of GB, got '$FLOOR_GB'"
 if [ "$QUEUE_DIR_SET" -eq 1 ] && [ -z "$QUEUE_DIR" ]; then die "--queue-dir is empty"; fi
-[[ "$INODE_FLOOR" =~ ^[0-9]+$ ]] || die "--inode-floor must be a whole number, got '$INODE_FLOOR'"
+[ -z "$INODE_FLOOR" ] || is_uint "$INODE_FLOOR" || die "--inode-floor must be a whole number, got '$INODE_FLOOR'"
+is_uint "$STOP_GRACE" || die "--stop-grace must be a whole number of seconds, got '$STOP_GRACE'"
 if [ -z "$QUEUE_DIR" ]; then
     base="${QUEUE_FILE%.*}"
     [ "$base" != "" ] || base="$QUEUE_FILE"
     QUEUE_DIR="$base.queue"
 fi
-# The gate measures DATA_DIR (or the current directory); when DATA_DIR does not exist yet, the
-# nearest existing parent, which is the filesystem it will be created on.
+# The gate measures DATA_DIR (or the current directory); the core measures a directory that does not
+# exist yet on its nearest existing parent, the filesystem it will be created on.
 GATE_DIR="${DATA_DIR:-$PWD}"
-while [ ! -d "$GATE_DIR" ] && [ "$GATE_DIR" != / ] && [ "$GATE_DIR" != . ]; do
-    GATE_DIR=$(dirname "$GATE_DIR")
-done
+# With --json, stdout carries only the JSON document: everything else goes to stderr.
+exec 3>&1
+[ "$JSON" -eq 0 ] || exec 1>&2
 
 # ---------------------------------------------------------------- helpers
 
-now() { date +%s; }
+now() { printf '%(%s)T' -1; }
+
+iso() {  # iso EPOCH -> 2026-01-31T12:00:00Z
+    local TZ=UTC
+    printf '%(%Y-%m-%dT%H:%M:%SZ)T' "$1"
+}
 
 hash8() {
     local h
@@ -123,9 +157,10 @@ hash8() {
         h=$(printf '%s' "$1" | sha256sum)
     elif command -v shasum >/dev/null 2>&1; then
         h=$(printf '%s' "$1" | shasum -a 256)
+    elif command -v openssl >/dev/null 2>&1; then
+        h=$(printf '%s' "$1" | openssl dgst -sha256 -r)
     else
-        h=$(printf '%s' "$1" | "${RGT_PYTHON:-python3}" -c \
-            'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+        die "cannot hash cell ids: no sha256sum, shasum or openssl on PATH"
     fi
     printf '%s' "${h:0:8}"
 }
@@ -142,22 +177,74 @@ get() {
     printf '%s' "$v"
 }
 
-# A zombie (exited, not yet reaped) counts as dead.
-pid_alive() {
-    local rest
-    [ -n "$1" ] && kill -0 "$1" 2>/dev/null || return 1
-    if [ -r "/proc/$1/stat" ]; then
-        rest=$(cut -d')' -f2- <"/proc/$1/stat" 2>/dev/null)
-        case "$rest" in " Z"*) return 1 ;; esac
-    fi
+# readv FILE: REPLY = the file's first line ("" when it is absent). No fork: the summary reads every
+# cell's files on each update.
+readv() {
+    REPLY=""
+    [ -f "$1" ] && IFS= read -r REPLY <"$1"
     return 0
 }
 
-# Is PID still the process of cell ID? Guards against a recycled pid when /proc shows the environment.
-cell_alive() {
-    pid_alive "$1" || return 1
-    if [ -r "/proc/$1/environ" ]; then
-        tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qx "RGT_CELL_ID=$2" || return 1
+jstr() {  # jstr TEXT: J = a JSON string literal (control characters other than \t \n \r become spaces)
+    local LC_ALL=C s=${1//\\/\\\\}
+    s=${s//\"/\\\"}; s=${s//$'\t'/\\t}; s=${s//$'\n'/\\n}; s=${s//$'\r'/\\r}
+    J="\"${s//[$'\x01'-$'\x1f']/ }\""
+}
+
+jnum() { if is_uint "$1"; then J=$((10#$1)); else J=null; fi; }
+
+jiso() {  # jiso EPOCH: J = "2026-01-31T12:00:00Z" (null when EPOCH is not a number)
+    local TZ=UTC
+    if is_uint "$1"; then printf -v J '"%(%Y-%m-%dT%H:%M:%SZ)T"' "$1"; else J=null; fi
+}
+
+# proc_stat PID: sets ST_STATE ST_PGRP ST_START from /proc/PID/stat; non-zero when there is none.
+proc_stat() {
+    local raw f
+    [ -r "/proc/$1/stat" ] && IFS= read -r raw <"/proc/$1/stat" 2>/dev/null || return 1
+    read -r -a f <<<"${raw##*) }"
+    ST_STATE=${f[0]:-}; ST_PGRP=${f[2]:-}; ST_START=${f[19]:-}
+}
+
+BOOT_ID=""
+[ -r /proc/sys/kernel/random/boot_id ] && IFS= read -r BOOT_ID </proc/sys/kernel/random/boot_id
+
+# A zombie (exited, not yet reaped) counts as dead.
+pid_alive() {
+    is_uint "${1:-}" && [ "$1" -gt 0 ] && kill -0 "$1" 2>/dev/null || return 1
+    if proc_stat "$1" && [ "$ST_STATE" = Z ]; then return 1; fi
+    return 0
+}
+
+# group_alive PGID [START_TICKS [BOOT_ID]]: does a live (non-zombie) process of the group still run?
+# A recorded start time that differs from the leader's pid now, or another boot, means the old group
+# is gone (the kernel never reuses a pid while its process group has members).
+group_alive() {
+    local pg=${1:-} start=${2:-} boot=${3:-} f
+    is_uint "$pg" && [ "$pg" -gt 1 ] || return 1
+    if [ -n "$boot" ] && [ -n "$BOOT_ID" ] && [ "$boot" != "$BOOT_ID" ]; then return 1; fi
+    if [ -n "$start" ] && proc_stat "$pg" && [ "$ST_START" != "$start" ]; then return 1; fi
+    kill -0 -- "-$pg" 2>/dev/null || return 1
+    [ -d /proc/self ] || return 0              # no /proc: kill -0 is all we know
+    for f in /proc/[0-9]*; do
+        proc_stat "${f#/proc/}" && [ "$ST_PGRP" = "$pg" ] && [ "$ST_STATE" != Z ] && return 0
+    done
+    return 1
+}
+
+# cell_group_alive ID: the cell's recorded process group still runs (older state: its recorded pid,
+# checked against its environment).
+cell_group_alive() {
+    local d="$QUEUE_DIR/cells/$1" pg pid
+    pg=$(get "$d/pgid")
+    if [ -n "$pg" ]; then
+        group_alive "$pg" "$(get "$d/start_ticks")" "$(get "$d/boot_id")"
+        return
+    fi
+    pid=$(get "$d/pid")
+    pid_alive "$pid" || return 1
+    if [ -r "/proc/$pid/environ" ]; then
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "RGT_CELL_ID=$1" || return 1
     fi
     return 0
 }
@@ -197,7 +284,7 @@ print_table() {
         started=$(get "$QUEUE_DIR/cells/$id/started")
         ended=$(get "$QUEUE_DIR/cells/$id/ended")
         secs="-"
-        if [ -n "$started" ] && [ -n "$ended" ] && [ "$ended" -ge "$started" ] 2>/dev/null; then
+        if is_uint "$started" && is_uint "$ended" && [ "$ended" -ge "$started" ]; then
             secs=$((ended - started))
         fi
         cmd="${CMDS[$i]}"
@@ -206,22 +293,78 @@ print_table() {
     done
 }
 
+# summary STATE: the queue_status.json document (rgt-queue-status/1) on stdout.
+summary() {
+    local i d st started ended secs att cells="" sep="" counts="" all=true result=null c row
+    local -A count=()
+    local -a order=()
+    for i in "${!IDS[@]}"; do
+        d="$QUEUE_DIR/cells/${IDS[$i]}"
+        readv "$d/status"; st=${REPLY:-pending}
+        [ -n "${count[$st]+x}" ] || order+=("$st")
+        count[$st]=$(( ${count[$st]:-0} + 1 ))
+        [ "$st" = succeeded ] || all=false
+        jstr "${IDS[$i]}"; row="{\"id\": $J, \"line\": ${LINES[$i]}"
+        jstr "${CMDS[$i]}"; row+=", \"cmd\": $J"
+        jstr "$st"; row+=", \"status\": $J"
+        readv "$d/exit_code"; jnum "$REPLY"; row+=", \"exit_code\": $J"
+        readv "$d/started"; started=$REPLY; jiso "$started"; row+=", \"started_at\": $J"
+        readv "$d/ended"; ended=$REPLY; [ "$st" != running ] || ended=""; jiso "$ended"; row+=", \"ended_at\": $J"
+        secs=null
+        if is_uint "$started" && is_uint "$ended" && [ "$ended" -ge "$started" ]; then secs=$((ended - started)); fi
+        row+=", \"seconds\": $secs"
+        readv "$d/attempts"; att=0; if [[ "$REPLY" =~ ^[0-9]{1,9}$ ]]; then att=$((10#$REPLY)); fi
+        row+=", \"attempts\": $att"
+        readv "$d/pgid"; jnum "$REPLY"; row+=", \"pgid\": $J"
+        readv "$d/reason"; J=null; [ -z "$REPLY" ] || jstr "$REPLY"; row+=", \"reason\": $J}"
+        cells+="$sep"$'\n    '"$row"; sep=","
+    done
+    for c in "${order[@]}"; do jstr "$c"; counts+="${counts:+, }$J: ${count[$c]}"; done
+    case "$1" in
+        finished) if [ "$all" = true ]; then result='"OK"'; else result='"FAIL"'; fi ;;
+        interrupted) result='"FAIL"' ;;
+    esac
+    jstr "$QUEUE_FILE_ABS"; printf '{\n  "schema": "rgt-queue-status/1",\n  "queue_file": %s,\n' "$J"
+    jstr "$QUEUE_DIR"; printf '  "queue_dir": %s,\n' "$J"
+    jstr "$1"; printf '  "state": %s,\n  "status": %s,\n  "pid": %s,\n' "$J" "$result" "$$"
+    jiso "$(now)"; printf '  "updated_at": %s,\n' "$J"
+    printf '  "counts": {%s},\n  "all_succeeded": %s,\n  "cells": [%s\n  ]\n}\n' "$counts" "$all" "$cells"
+}
+
+# utf8_clean: stdin to stdout with invalid UTF-8 dropped (a JSON document must be valid UTF-8).
+utf8_clean() {
+    if command -v iconv >/dev/null 2>&1; then iconv -f UTF-8 -t UTF-8 -c; else cat; fi
+}
+
+QUEUE_FILE_ABS=$(cd "$(dirname "$QUEUE_FILE")" && printf '%s/%s' "$(pwd)" "$(basename "$QUEUE_FILE")")
+
 if [ "$DRY_RUN" -eq 1 ]; then
     printf 'queue %s: %d cell(s); state in %s; disk floor %s GB on %s\n' \
         "$QUEUE_FILE" "${#IDS[@]}" "$QUEUE_DIR" "$FLOOR_GB" "$GATE_DIR"
     print_table
+    if [ "$JSON" -eq 1 ]; then summary dry_run | utf8_clean >&3; fi
     exit 0
 fi
+
+command -v "$PYTHON" >/dev/null 2>&1 || die "$PYTHON not found: the disk gate needs python3 (set RGT_PYTHON)"
+[ -f "$NODE_DIR/node_probe.py" ] || die "node_probe.py is missing beside $0: push the whole scripts/node folder"
 
 # ---------------------------------------------------------------- lock and state
 
 mkdir_err=$(mkdir -p "$QUEUE_DIR/cells" 2>&1) || die "cannot create $QUEUE_DIR: ${mkdir_err##*: }"
 QUEUE_DIR=$(cd "$QUEUE_DIR" && pwd)
 LOCK="$QUEUE_DIR/queue.lock"
+lock_holder_alive() {
+    local pid start
+    pid=$(get "$LOCK/pid"); start=$(get "$LOCK/start_ticks")
+    pid_alive "$pid" || return 1
+    if [ -n "$start" ] && proc_stat "$pid" && [ "$ST_START" != "$start" ]; then return 1; fi
+    return 0
+}
 if ! mkdir "$LOCK" 2>/dev/null; then
     holder=$(get "$LOCK/pid")
-    if pid_alive "$holder"; then
-        printf '%s: REFUSED another pass holds %s (pid %s)\n' "$PROG" "$LOCK" "$holder" >&2
+    if lock_holder_alive; then
+        printf '%s: error: REFUSED another pass holds %s (pid %s)\n' "$PROG" "$LOCK" "$holder" >&2
         exit 3
     fi
     printf '%s: taking over a lock left by dead pid %s\n' "$PROG" "${holder:-?}" >&2
@@ -229,124 +372,135 @@ if ! mkdir "$LOCK" 2>/dev/null; then
     mkdir "$LOCK" || die "cannot take the lock $LOCK"
 fi
 put "$LOCK/pid" "$$"
+if proc_stat "$$"; then put "$LOCK/start_ticks" "$ST_START"; fi
 # shellcheck disable=SC2329  # called from the EXIT trap
 cleanup() {
     [ "$(get "$LOCK/pid")" = "$$" ] && rm -rf "$LOCK"
 }
 trap cleanup EXIT
 
-# A cell recorded as running whose process still lives must not be started a second time.
+# A cell whose old process group still runs (a pass was killed, its cell lived on) must never be
+# started a second time, whatever its recorded status says (finding 4: "interrupted" included).
 for id in "${IDS[@]}"; do
-    if [ "$(cell_status "$id")" = running ]; then
-        old=$(get "$QUEUE_DIR/cells/$id/pid")
-        if cell_alive "$old" "$id"; then
-            printf '%s: REFUSED cell %s from an earlier pass is still running as pid %s; wait for it or ' \
-                "$PROG" "$id" "$old" >&2
-            printf 'stop it, then run the queue again\n' >&2
-            exit 3
-        fi
+    if cell_group_alive "$id"; then
+        printf '%s: error: REFUSED cell %s (%s) from an earlier pass is still running as process group %s; ' \
+            "$PROG" "$id" "$(cell_status "$id")" "$(get "$QUEUE_DIR/cells/$id/pgid")" >&2
+        printf 'wait for it or stop it (kill -TERM -- -PGID), then run the queue again\n' >&2
+        exit 3
     fi
 done
 
-# Resolve the interpreter once: a version-manager shim (pyenv, conda) costs a noticeable fraction
-# of a second on every call.
-PYTHON="${RGT_PYTHON:-}"
-if [ -z "$PYTHON" ]; then
-    PYTHON=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null) || PYTHON=""
-    [ -n "$PYTHON" ] || PYTHON=python3
-fi
-HAVE_PY=1
-command -v "$PYTHON" >/dev/null 2>&1 || HAVE_PY=0
-[ "$HAVE_PY" -eq 1 ] || printf '%s: %s not found: queue_status.json will not be written\n' "$PROG" "$PYTHON" >&2
-
 write_summary() {
-    [ "$HAVE_PY" -eq 1 ] || return 0
-    local args=() i
-    for i in "${!IDS[@]}"; do
-        args+=("${IDS[$i]}" "${LINES[$i]}")
-    done
-    if ! "$PYTHON" - "$QUEUE_DIR" "$QUEUE_FILE" "$1" "$$" "${args[@]}" <<'PY'
-import json, os, sys, tempfile, time
-qdir, qfile, state, pid = sys.argv[1:5]
-rest = sys.argv[5:]
-def rd(cell, name):
-    try:
-        with open(os.path.join(qdir, "cells", cell, name), encoding="utf-8", errors="replace") as fh:
-            return fh.read().rstrip("\n")
-    except OSError:
-        return None
-def as_int(text):
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        return None
-def iso(ts):
-    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-cells, counts = [], {}
-for i in range(0, len(rest), 2):
-    cid, line = rest[i], int(rest[i + 1])
-    status = rd(cid, "status") or "pending"
-    started, ended = as_int(rd(cid, "started")), as_int(rd(cid, "ended"))
-    counts[status] = counts.get(status, 0) + 1
-    cells.append({"id": cid, "line": line, "cmd": rd(cid, "cmd"), "status": status,
-                  "exit_code": as_int(rd(cid, "exit_code")), "started_at": iso(started),
-                  "ended_at": iso(ended) if status != "running" else None,
-                  "seconds": (ended - started) if (started is not None and ended is not None
-                                                   and status != "running") else None,
-                  "attempts": as_int(rd(cid, "attempts")) or 0, "reason": rd(cid, "reason")})
-doc = {"schema": "rgt-queue-status/1", "queue_file": os.path.abspath(qfile), "queue_dir": qdir,
-       "state": state, "pid": int(pid), "updated_at": iso(time.time()), "counts": counts,
-       "all_succeeded": all(c["status"] == "succeeded" for c in cells), "cells": cells}
-dest = os.path.join(qdir, "queue_status.json")
-fd, tmp = tempfile.mkstemp(prefix=".queue_status.", suffix=".tmp", dir=qdir)
-with os.fdopen(fd, "w") as fh:
-    json.dump(doc, fh, indent=1, sort_keys=True)
-    fh.write("\n")
-    fh.flush()
-    os.fsync(fh.fileno())
-os.replace(tmp, dest)
-PY
-    then
+    local tmp="$QUEUE_DIR/.queue_status.json.tmp.$$"
+    if ! { summary "$1" | utf8_clean >"$tmp" && mv -f "$tmp" "$QUEUE_DIR/queue_status.json"; }; then
+        rm -f "$tmp"
         echo "$PROG: could not write queue_status.json" >&2
     fi
 }
 
-# ---------------------------------------------------------------- signals
+# ---------------------------------------------------------------- signals and the cell's process group
 
 STOPPING=""
 CHILD=""
+STOP_TICKS=0
+# signal_cell SIG: the running cell's whole process group; its leader alone while setsid has not run yet.
+signal_cell() {
+    [ -n "$CHILD" ] || return 0
+    kill -"$1" -- "-$CHILD" 2>/dev/null || kill -"$1" "$CHILD" 2>/dev/null
+}
 # shellcheck disable=SC2329  # called from the signal traps
 on_signal() {
     [ -n "$STOPPING" ] || STOPPING="$1"
-    if [ -n "$CHILD" ] && pid_alive "$CHILD"; then
-        kill -TERM "$CHILD" 2>/dev/null
-    fi
+    signal_cell TERM
 }
 trap 'on_signal 15' TERM
 trap 'on_signal 2' INT
 trap 'on_signal 1' HUP
 
-# ---------------------------------------------------------------- disk gate
+# stop_tick: one 0.1 s step of a stop; SIGKILL for the group once --stop-grace has passed.
+stop_tick() {
+    STOP_TICKS=$((STOP_TICKS + 1))
+    if [ "$STOP_TICKS" -eq $((STOP_GRACE * 10 + 1)) ]; then
+        printf '%s: the cell did not stop within --stop-grace %ss: SIGKILL to process group %s\n' \
+            "$PROG" "$STOP_GRACE" "$CHILD" >&2
+        signal_cell KILL
+    fi
+    sleep 0.1
+}
 
-# Prints a reason and returns 1 when the gate refuses.
+# run_cell ID DIR CMD: start CMD in its own session, wait for its leader and then for its whole group.
+# Sets RC.
+run_cell() {
+    local id=$1 cdir=$2 cmd=$3 said=0 again
+    if command -v setsid >/dev/null 2>&1; then
+        RGT_CELL_ID="$id" RGT_CELL_DIR="$cdir" RGT_QUEUE_DIR="$QUEUE_DIR" \
+            RGT_HEARTBEAT="${RGT_HEARTBEAT:-$cdir/heartbeat.json}" \
+            setsid bash -c "$cmd" </dev/null >>"$cdir/log" 2>&1 3>&- &
+        CHILD=$!
+    else  # no setsid: job control gives the background job its own process group
+        set -m
+        RGT_CELL_ID="$id" RGT_CELL_DIR="$cdir" RGT_QUEUE_DIR="$QUEUE_DIR" \
+            RGT_HEARTBEAT="${RGT_HEARTBEAT:-$cdir/heartbeat.json}" \
+            bash -c "$cmd" </dev/null >>"$cdir/log" 2>&1 3>&- &
+        CHILD=$!
+        set +m
+    fi
+    STOP_TICKS=0
+    put "$cdir/pid" "$CHILD"
+    put "$cdir/pgid" "$CHILD"
+    if proc_stat "$CHILD"; then put "$cdir/start_ticks" "$ST_START"; else rm -f "$cdir/start_ticks"; fi
+    if [ -n "$BOOT_ID" ]; then put "$cdir/boot_id" "$BOOT_ID"; fi
+    put "$cdir/status" running
+    [ -z "$STOPPING" ] || signal_cell TERM      # a signal arrived while the cell was being started
+    write_summary running
+
+    RC=0
+    while pid_alive "$CHILD"; do
+        if [ -n "$STOPPING" ]; then
+            stop_tick
+        else
+            wait "$CHILD"                       # returns when the leader exits, or a trapped signal arrives
+            RC=$?
+        fi
+    done
+    wait "$CHILD" 2>/dev/null                   # bash keeps the real status: this returns it once more
+    again=$?
+    [ "$again" -eq 127 ] || RC=$again
+    # the leader is gone; the cell is over when its whole process group is
+    while group_alive "$CHILD"; do
+        if [ -n "$STOPPING" ]; then
+            stop_tick
+            continue
+        fi
+        if [ "$said" -eq 0 ]; then
+            printf '    cell %s: its command returned %s; waiting for the processes it left in its group\n' \
+                "$id" "$RC"
+            said=1
+        fi
+        sleep 0.2
+    done
+    CHILD=""
+}
+
+# ---------------------------------------------------------------- disk gate (the core's, via node_probe.py)
+
+GATE_ARGS=(disk-gate --min-free-gb "$FLOOR_GB")
+[ -z "$INODE_FLOOR" ] || GATE_ARGS+=(--min-free-inodes "$INODE_FLOOR")
+
+# Prints a reason and returns 1 when the gate refuses (or cannot decide).
 disk_gate() {
-    local avail_kb ifree
-    avail_kb=$(df -Pk "$GATE_DIR" 2>/dev/null | awk 'NR==2 {print $4}')
-    if ! [[ "$avail_kb" =~ ^[0-9]+$ ]]; then
-        printf 'cannot read free space of %s' "$GATE_DIR"
+    local out rc first
+    out=$(timeout -k 5 "$GATE_TIMEOUT" "$PYTHON" "$NODE_DIR/node_probe.py" "${GATE_ARGS[@]}" -- "$GATE_DIR" 2>&1 3>&-)
+    rc=$?
+    [ "$rc" -ne 0 ] || return 0
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        printf 'the disk gate did not answer within %ss (a hung filesystem at %s?)' "$GATE_TIMEOUT" "$GATE_DIR"
         return 1
     fi
-    if awk -v a="$avail_kb" -v f="$FLOOR_GB" 'BEGIN {exit !(a < f * 1048576)}'; then
-        printf 'free space on %s is %s GB, below the floor of %s GB' "$GATE_DIR" \
-            "$(awk -v a="$avail_kb" 'BEGIN {printf "%.2f", a / 1048576}')" "$FLOOR_GB"
-        return 1
-    fi
-    ifree=$(df -Pi "$GATE_DIR" 2>/dev/null | awk 'NR==2 {print ($2 > 0) ? $4 : "n/a"}')
-    if [[ "$ifree" =~ ^[0-9]+$ ]] && [ "$ifree" -lt "$INODE_FLOOR" ]; then
-        printf 'free inodes on %s: %s, below the floor of %s' "$GATE_DIR" "$ifree" "$INODE_FLOOR"
-        return 1
-    fi
-    return 0
+    first=$(printf '%s\n' "$out" | grep -v '^OK ' | head -n 1)
+    first=${first#node_probe.py: error: }
+    printf '%s' "${first:-the disk gate failed (exit $rc)}"
+    return 1
 }
 
 # ---------------------------------------------------------------- the pass
@@ -376,9 +530,9 @@ for i in "${!IDS[@]}"; do
                 failed_any=1
                 continue
             fi ;;
-        running)
-            printf '%s previous attempt was cut off (pass died); running it again\n' "$tag"
-            printf '=== %s previous attempt was cut off; re-running\n' "$(date -u +%FT%TZ)" >>"$cdir/log" ;;
+        running|interrupted)
+            printf '%s previous attempt was cut off (%s); running it again\n' "$tag" "$prev"
+            printf '=== %s previous attempt was cut off (%s); re-running\n' "$(iso "$(now)")" "$prev" >>"$cdir/log" ;;
     esac
     if [ "$failed_any" -eq 1 ] && [ "$STOP_ON_FAIL" -eq 1 ]; then
         put "$cdir/status" not_run
@@ -394,42 +548,27 @@ for i in "${!IDS[@]}"; do
         write_summary running
         continue
     fi
+    [ -z "$STOPPING" ] || break
 
     attempts=$(get "$cdir/attempts")
     [[ "$attempts" =~ ^[0-9]{1,9}$ ]] || attempts=0   # a damaged count must not stop the pass
     put "$cdir/attempts" "$(( 10#$attempts + 1 ))"
     rm -f "$cdir/exit_code" "$cdir/ended" "$cdir/reason"
     put "$cdir/started" "$(now)"
-    printf '=== %s start cell %s (line %s): %s\n' "$(date -u +%FT%TZ)" "$id" "${LINES[$i]}" "$cmd" >>"$cdir/log"
+    printf '=== %s start cell %s (line %s): %s\n' "$(iso "$(now)")" "$id" "${LINES[$i]}" "$cmd" >>"$cdir/log"
     printf '%s START %s\n' "$tag" "$cmd"
-    RGT_CELL_ID="$id" RGT_CELL_DIR="$cdir" RGT_QUEUE_DIR="$QUEUE_DIR" \
-        RGT_HEARTBEAT="${RGT_HEARTBEAT:-$cdir/heartbeat.json}" \
-        bash -c "$cmd" </dev/null >>"$cdir/log" 2>&1 &
-    CHILD=$!
-    put "$cdir/pid" "$CHILD"
-    put "$cdir/status" running
-    write_summary running
-
-    wait "$CHILD"
-    rc=$?
-    while pid_alive "$CHILD"; do      # a trapped signal cut the wait short; the cell is still shutting down
-        wait "$CHILD"
-        rc=$?
-    done
-    wait "$CHILD" 2>/dev/null         # bash keeps the real status: this returns it even after a cut-off wait
-    again=$?
-    [ "$again" -eq 127 ] || rc=$again
-    CHILD=""
+    run_cell "$id" "$cdir" "$cmd"
+    rc=$RC
 
     put "$cdir/ended" "$(now)"
     put "$cdir/exit_code" "$rc"
-    printf '=== %s end cell %s: exit %s\n' "$(date -u +%FT%TZ)" "$id" "$rc" >>"$cdir/log"
-    if [ "$rc" -eq 0 ]; then
+    printf '=== %s end cell %s: exit %s\n' "$(iso "$(now)")" "$id" "$rc" >>"$cdir/log"
+    if [ "$rc" -eq 0 ] && [ -z "$STOPPING" ]; then
         put "$cdir/status" succeeded
         printf '%s OK (exit 0)\n' "$tag"
     elif [ -n "$STOPPING" ]; then
         put "$cdir/status" interrupted
-        put "$cdir/reason" "queue received signal $STOPPING"
+        put "$cdir/reason" "queue received signal $STOPPING; the cell's process group was stopped"
         printf '%s INTERRUPTED (exit %s); the next pass runs it again\n' "$tag" "$rc"
     else
         put "$cdir/status" failed
@@ -443,10 +582,12 @@ echo "=== summary ==="
 print_table
 if [ -n "$STOPPING" ]; then
     write_summary interrupted
+    [ "$JSON" -eq 0 ] || cat "$QUEUE_DIR/queue_status.json" >&3
     printf '%s: stopped by signal %s; run the same command again to continue\n' "$PROG" "$STOPPING" >&2
     exit $((128 + STOPPING))
 fi
 write_summary finished
+[ "$JSON" -eq 0 ] || cat "$QUEUE_DIR/queue_status.json" >&3
 all_ok=1
 for id in "${IDS[@]}"; do
     [ "$(cell_status "$id")" = succeeded ] || all_ok=0

@@ -6,7 +6,16 @@
 #   . scripts/node/setup-china-mirrors.sh            # in bash: export the settings into THIS shell
 #   . scripts/node/setup-china-mirrors.sh --check    # ...then test that the endpoints answer
 #   bash scripts/node/setup-china-mirrors.sh --check # executed: apply in a child shell and test only
+#   bash scripts/node/setup-china-mirrors.sh --check --json   # ...and print the result as one JSON object
 #   Quiet: pass --quiet, or set RGT_QUIET=1. Pick the pip mirror with RGT_PIP_MIRROR=tuna|aliyun|ustc.
+#
+# Options:
+#   --check      after applying, test that HF_ENDPOINT and PIP_INDEX_URL answer (curl, else wget; each
+#                probe has a hard timeout of RGT_CHECK_TIMEOUT seconds, default 6)
+#   --quiet      say nothing on stderr (same as RGT_QUIET=1)
+#   --json       with --check: print {"status": "OK"|"FAIL", "endpoints": [{"url", "ok", "http_status"}]}
+#                on stdout instead of the OK/FAIL lines (URLs masked as below)
+#   -h, --help   this text (executed only)
 #
 # What it sets — each one ONLY when it is not already set, so sourcing twice changes nothing more and a
 # value you exported yourself always wins:
@@ -21,8 +30,9 @@
 # Values are printed with any user:password@ part masked; proxy values are never printed.
 #
 # Exit/return codes: 0 applied (and, with --check, every endpoint answered); 1 --check found an endpoint
-# that did not answer; 2 executed without --check (it must be sourced to have any effect), or bad usage.
-# When sourced, arguments other than --check/--quiet are ignored: they may be the caller's own.
+# that did not answer; 2 executed without --check (it must be sourced to have any effect), or bad usage
+# (one line "setup-china-mirrors.sh: error: ..."; no curl or wget for --check is also a 1, said per endpoint).
+# When sourced, arguments other than --check/--quiet/--json are ignored: they may be the caller's own.
 
 if (return 0 2>/dev/null); then _rgt_cm_sourced=1; else _rgt_cm_sourced=0; fi
 
@@ -100,39 +110,54 @@ _rgt_cm_apply() {
     fi
 }
 
+_rgt_cm_bounded() {  # _rgt_cm_bounded SECONDS CMD... — a hard time limit on top of the tool's own
+    if command -v timeout >/dev/null 2>&1; then timeout -k 2 "$@"; else shift; "$@"; fi
+}
+
 _rgt_cm_probe() {  # _rgt_cm_probe URL SECONDS — prints the HTTP status, non-zero when there is no answer
     local code
     if command -v curl >/dev/null 2>&1; then
-        code=$(curl -sS -o /dev/null -I -L --max-redirs 3 -m "$2" -w '%{http_code}' "$1" 2>/dev/null) || code=""
-    elif command -v python3 >/dev/null 2>&1; then
-        code=$(python3 - "$1" "$2" 2>/dev/null <<'PY'
-import sys, urllib.request, urllib.error
-req = urllib.request.Request(sys.argv[1], method="HEAD")
-try:
-    print(urllib.request.urlopen(req, timeout=float(sys.argv[2])).status)
-except urllib.error.HTTPError as exc:
-    print(exc.code)
-PY
-) || code=""
+        code=$(_rgt_cm_bounded "$(( ${2%.*} + 3 ))" curl -sS -o /dev/null -I -L --max-redirs 3 -m "$2" \
+            -w '%{http_code}' "$1" 2>/dev/null) || code=""
+    elif command -v wget >/dev/null 2>&1; then
+        code=$(_rgt_cm_bounded "$(( ${2%.*} + 3 ))" wget -q -S --spider --max-redirect=3 -T "$2" -t 1 "$1" 2>&1 |
+            awk '$1 ~ /^HTTP\// { code = $2 } END { print code }') || code=""
     else
-        echo "no curl or python3"
+        printf 'no curl or wget'
         return 1
     fi
     printf '%s' "${code:-none}"
     case "$code" in [1-4][0-9][0-9]) return 0 ;; *) return 1 ;; esac
 }
 
+_rgt_cm_jstr() {  # _rgt_cm_jstr TEXT — a JSON string literal (other control characters become spaces)
+    local LC_ALL=C s=${1//\\/\\\\}
+    s=${s//\"/\\\"}; s=${s//$'\t'/\\t}; s=${s//$'\n'/\\n}; s=${s//$'\r'/\\r}
+    printf '"%s"' "${s//[$'\x01'-$'\x1f']/ }"
+}
+
 _rgt_cm_check() {
-    local timeout=${RGT_CHECK_TIMEOUT:-6} url status bad=0
+    local timeout=${RGT_CHECK_TIMEOUT:-6} url status bad=0 items="" sep="" ok
     for url in "$HF_ENDPOINT" "$PIP_INDEX_URL"; do
         if status=$(_rgt_cm_probe "$url" "$timeout"); then
-            printf 'OK   %s answered (HTTP %s)\n' "$(_rgt_cm_mask "$url")" "$status"
+            ok=true
+            [ "${_rgt_cm_json:-0}" = 1 ] || printf 'OK   %s answered (HTTP %s)\n' "$(_rgt_cm_mask "$url")" "$status"
         else
-            printf 'FAIL %s did not answer within %ss (%s): try another mirror, or check the proxy/no_proxy\n' \
-                "$(_rgt_cm_mask "$url")" "$timeout" "$status"
+            ok=false
             bad=1
+            [ "${_rgt_cm_json:-0}" = 1 ] ||
+                printf 'FAIL %s did not answer within %ss (%s): try another mirror, or check the proxy/no_proxy\n' \
+                    "$(_rgt_cm_mask "$url")" "$timeout" "$status"
         fi
+        case "$status" in [1-5][0-9][0-9]) ;; *) status="" ;; esac
+        items+="$sep"$'\n    '"{\"url\": $(_rgt_cm_jstr "$(_rgt_cm_mask "$url")"), \"ok\": $ok,"
+        items+=" \"http_status\": ${status:-null}}"
+        sep=","
     done
+    if [ "${_rgt_cm_json:-0}" = 1 ]; then
+        [ "$bad" -eq 0 ] && ok=OK || ok=FAIL
+        printf '{\n  "status": "%s",\n  "endpoints": [%s\n  ]\n}\n' "$ok" "$items"
+    fi
     return "$bad"
 }
 
@@ -140,16 +165,18 @@ _rgt_cm_main() {
     local mode=$1 check=0 arg
     shift
     _rgt_cm_quiet=${RGT_QUIET:-0}
+    _rgt_cm_json=0
     for arg in "$@"; do
         case "$arg" in
             --check) check=1 ;;
             --quiet) _rgt_cm_quiet=1 ;;
+            --json) _rgt_cm_json=1 ;;
             -h | --help)
                 [ "$mode" = executed ] && sed -n '2,/^$/p' "$0" | sed 's/^# \{0,1\}//'
                 return 0 ;;
             *)
                 if [ "$mode" = executed ]; then
-                    echo "setup-china-mirrors: error: unknown argument: $arg" >&2
+                    echo "setup-china-mirrors.sh: error: unknown argument: $arg (see --help)" >&2
                     return 2
                 fi ;;
         esac
@@ -157,16 +184,16 @@ _rgt_cm_main() {
     case "${RGT_PIP_MIRROR:-tuna}" in
         tuna | aliyun | ustc) ;;
         *)
-            echo "setup-china-mirrors: error: RGT_PIP_MIRROR must be tuna, aliyun or ustc, got '$RGT_PIP_MIRROR'" >&2
+            echo "setup-china-mirrors.sh: error: RGT_PIP_MIRROR must be tuna, aliyun or ustc, got '$RGT_PIP_MIRROR'" >&2
             return 2 ;;
     esac
     if [ "$check" -eq 1 ] && ! [[ "${RGT_CHECK_TIMEOUT:-6}" =~ ^[0-9]+([.][0-9]+)?$ && "${RGT_CHECK_TIMEOUT:-6}" =~ [1-9] ]]
     then
-        echo "setup-china-mirrors: error: RGT_CHECK_TIMEOUT must be a number of seconds > 0" >&2
+        echo "setup-china-mirrors.sh: error: RGT_CHECK_TIMEOUT must be a number of seconds > 0" >&2
         return 2
     fi
     if [ "$mode" = executed ] && [ "$check" -eq 0 ]; then
-        echo "setup-china-mirrors: error: source this file so the exports reach your shell:" \
+        echo "setup-china-mirrors.sh: error: source this file so the exports reach your shell:" \
             ". ${0} (or run it with --check to test reachability only)" >&2
         return 2
     fi
@@ -177,8 +204,8 @@ _rgt_cm_main() {
 
 _rgt_cm_cleanup() {
     unset -f _rgt_cm_say _rgt_cm_mask _rgt_cm_host _rgt_cm_default _rgt_cm_add_no_proxy _rgt_cm_apply \
-        _rgt_cm_probe _rgt_cm_check _rgt_cm_main _rgt_cm_cleanup
-    unset _rgt_cm_quiet _rgt_cm_sourced
+        _rgt_cm_bounded _rgt_cm_probe _rgt_cm_jstr _rgt_cm_check _rgt_cm_main _rgt_cm_cleanup
+    unset _rgt_cm_quiet _rgt_cm_sourced _rgt_cm_json
 }
 
 if [ "$_rgt_cm_sourced" = 1 ]; then

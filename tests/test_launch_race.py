@@ -1,0 +1,137 @@
+"""The launch race (red-team finding 6): a job that exits at once is reported with its real exit code and state.
+
+The old launcher polled for run.lock/pid, which the supervisor of a job like `false` had already removed:
+it waited 30 s, said "the supervisor did not start", exited 1, overwrote the state and disarmed the
+dead-man. Now the launcher learns the start from status.json (supervisor_identity, written under a lock).
+Everything here is real: bash, tmux or the setsid path, the supervisor, the dead-man. Nothing sleeps a
+fixed time; each launch is one `run_one.sh --wait --json` and the assertions read the files it left.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import NODE, need
+from test_run_one import Box, path_without, pid_alive, read
+
+RUN_ONE = str(NODE / "run_one.sh")
+SUPERVISE = str(NODE / "supervise.py")
+DEADMAN = str(NODE / "deadman.py")
+LAUNCHES = 20
+
+# (job, exit code, final state): each exits within milliseconds
+IMMEDIATE = [
+    (["true"], 0, "succeeded"),
+    (["false"], 1, "failed"),
+    (["nonexistent_cmd_rgt_xyz"], 127, "failed"),         # a typo: exit 127 at once
+    ([sys.executable, "-c", "import sys; sys.exit(7)"], 7, "failed"),
+]
+
+
+@pytest.fixture
+def box(tmp_path):
+    b = Box(tmp_path)
+    yield b
+    b.cleanup()
+
+
+def stop_deadman(run_dir):
+    """End this run's dead-man by its recorded pid (we armed it; SIGTERM is its documented exit)."""
+    pid = read(run_dir / "deadman.json").get("pid")
+    if pid and pid_alive(pid):
+        os.kill(int(pid), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("detach", ["tmux", "setsid"])
+def test_finding_6_immediate_exits_report_their_own_code_and_state(box, detach):
+    env = dict(box.env)
+    if detach == "tmux":
+        need("tmux")
+    else:
+        env["PATH"] = path_without(box.tmp, "tmux")
+    took = []
+    for n in range(LAUNCHES):
+        job, code, state = IMMEDIATE[n % len(IMMEDIATE)]
+        run_id = "fast-%s-%02d" % (detach, n)
+        box.runs.append(run_id)
+        start = time.monotonic()
+        res = subprocess.run(["bash", RUN_ONE, "--profile", "testbox", "--run-id", run_id, "--grace-minutes", "5",
+                              "--poll-seconds", "0.5", "--wait", "--json", "--", *job], cwd=str(box.work), env=env,
+                             capture_output=True, text=True, timeout=120)
+        took.append(time.monotonic() - start)
+        where = "launch %d (%s): %s" % (n, " ".join(job), res.stderr[-600:])
+        assert res.returncode == code, where
+        assert "did not" not in res.stderr, where
+        report = json.loads(res.stdout)
+        assert report["detach"] == detach and report["final"]["state"] == state, where
+        assert report["final"]["exit_code"] == code, where
+        rd = box.run_dir(run_id)
+        status = read(rd / "status.json")
+        assert status["state"] == state and status["exit_code"] == code, (where, status)
+        assert status["supervisor_identity"]["pid"] == status["supervisor_pid"] == report["supervisor_pid"]
+        assert status["sync"]["ok"] is True, (where, status["sync"])
+        if code == 127:
+            assert "cannot start nonexistent_cmd_rgt_xyz" in status["error"]
+        else:
+            assert status["error"] is None and status["job_identity"]["pid"] == status["job_pid"], where
+        # the run ran: its dead-man must still be armed (nothing acknowledged, nothing disarmed it)
+        dm = read(rd / "deadman.json")
+        assert dm["state"] == "armed" and pid_alive(dm["pid"]) and not (rd / "ACK").exists(), where
+        assert report["deadman"]["state"] == "armed", where
+        assert not (rd / "run.lock").exists(), where
+        stop_deadman(rd)
+    # the old launcher needed 30 s for each of these; the generous bound below only separates the two
+    assert max(took) < 20, took
+    print("launch-to-report seconds (%s): median %.2f, max %.2f" % (detach, sorted(took)[len(took) // 2], max(took)))
+
+
+def test_finding_6_a_supervisor_that_never_records_itself_fails_the_launch_fast_and_disarms(box):
+    """The other side of the handshake: when no supervisor ever claims the run, the launcher says so at once,
+    marks it failed and disarms the dead-man (the job never ran)."""
+    rd = box.run_dir("nosup")
+    (rd / "supervisor.log").mkdir(parents=True)   # the supervisor cannot open its log and exits before claiming
+    job, cfg = box.job("nosup")
+    start = time.monotonic()
+    res = box.launch("nosup", job, "--grace-minutes", "5", "--wait")
+    assert res.returncode == 1 and "exited before it recorded itself" in res.stderr, res.stderr
+    assert time.monotonic() - start < 20, "the launcher waited out its timeout instead of noticing"
+    status = box.status("nosup")
+    assert status["state"] == "failed" and status["supervisor_identity"] is None and status["job_pid"] is None
+    assert not os.path.exists(cfg["seen"]), "the job ran"
+    assert read(rd / "ACK").get("disarm") is True
+
+
+def write_run(rd, marker, status):
+    rd.mkdir(parents=True)
+    (rd / "run.lock").mkdir()
+    (rd / "run.lock" / "pid").write_text("%d\n" % os.getpid())
+    (rd / "run.json").write_text(json.dumps({"run_id": "late", "cwd": str(rd), "outputs": [],
+                                             "cmd": [sys.executable, "-c", "open(%r, 'w').close()" % str(marker)]}))
+    (rd / "status.json").write_text(json.dumps(dict({"run_id": "late", "launcher_pid": os.getpid()}, **status)))
+
+
+def test_finding_6_a_late_supervisor_never_runs_a_run_its_launcher_gave_up(tmp_path):
+    rd, marker = tmp_path / "run", tmp_path / "job-ran"
+    write_run(rd, marker, {"state": "failed", "error": "the supervisor did not record itself within 30 s",
+                           "supervisor_identity": None})
+    before = (rd / "status.json").read_text()
+    res = subprocess.run([sys.executable, SUPERVISE, "supervise", "--run-dir", str(rd)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 3, res.stderr
+    assert "launcher gave up" in (rd / "supervisor.log").read_text()
+    assert not marker.exists() and (rd / "status.json").read_text() == before
+
+
+def test_finding_6_the_launcher_never_overwrites_a_run_that_has_a_supervisor(tmp_path):
+    rd = tmp_path / "run"
+    write_run(rd, tmp_path / "unused", {"state": "failed", "exit_code": 7, "ended_at": "2026-01-01T00:00:00Z",
+                                        "supervisor_pid": 1, "supervisor_identity": {"pid": 1}})
+    before = (rd / "status.json").read_text()
+    res = subprocess.run([sys.executable, SUPERVISE, "fail", "--run-dir", str(rd), "--message", "did not start"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "a supervisor has it" in res.stderr
+    assert (rd / "status.json").read_text() == before

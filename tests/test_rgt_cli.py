@@ -1,0 +1,148 @@
+"""scripts/rgt.py, the laptop CLI, end to end against a real sshd on 127.0.0.1 (GUIDE §6, §8).
+
+push -> probe -> launch -> status -> logs -> pull -> gate -> ledger, with the tar transport and
+(where rsync exists) rsync; hostile arguments travel as data; the ledger lists what may still bill.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import NODE, SCRIPTS, need
+from sshd_fixture import sshd_server  # noqa: F401
+
+RGT = SCRIPTS / "rgt.py"
+
+
+def rgt(tmp_path, server, *args, timeout=300):
+    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
+            "--ledger", str(tmp_path / "ledger.jsonl")]
+    env = dict(os.environ, RGT_PROFILE_INDEX="")
+    env.pop("RGT_PROFILE_INDEX")
+    return subprocess.run(base + list(args), capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
+
+
+@pytest.mark.parametrize("transport", ["tar", "rsync"])
+def test_push_copies_and_verifies_the_toolkit(tmp_path, sshd_server, transport):  # noqa: F811
+    if transport == "rsync":
+        need("rsync")
+    res = rgt(tmp_path, sshd_server, "--json", "push", "gpu-box", "--transport", transport)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    stamp = json.loads((NODE / "VERSION.json").read_text())
+    assert out["version"] == stamp["version"] and out["transport"] == transport
+    for name in stamp["files"]:
+        assert (tmp_path / "node-bin" / name).read_bytes() == (NODE / name).read_bytes()
+    assert (tmp_path / "node-bin" / "index.json").is_file()
+
+
+def test_push_refuses_to_leave_a_mixed_toolkit_unnoticed(tmp_path, sshd_server):  # noqa: F811
+    """A node copy that does not match its stamp fails the push's version check."""
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    with open(tmp_path / "node-bin" / "rgt_core.py", "a") as fh:
+        fh.write("# edited on the node\n")
+    res = sshd_server.run(f"python3 {tmp_path}/node-bin/rgt_core.py --version")
+    assert res.returncode == 3 and "not one version" in res.stderr
+
+
+def test_the_whole_chain_over_ssh(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    probe = rgt(tmp_path, sshd_server, "--json", "probe", "gpu-box", "--profile", "local", "--",
+                "--data-dir", str(work), "--durable-dir", str(durable), "--gpu-timeout", "2")
+    assert probe.returncode == 0, probe.stderr
+    assert "disks" in json.loads(probe.stdout)
+
+    hostile = "it's $(touch PWNED) `touch PWNED2` \"quoted\" ; echo no"
+    job = ("import os,sys; os.makedirs('out', exist_ok=True); "
+           "open('out/result.txt','w').write(sys.argv[1]); print('step 1/1')")
+    res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "cli-1",
+              "--durable-dir", str(durable), "--cwd", str(work), "--rate-per-hour", "1.5", "--",
+              "--output", "out/*", "--deadman-dry-run", "--wait", "--poll-seconds", "0.2", "--",
+              "python3", "-c", job, hostile)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for field in ("run id:", "watch:", "ETA:", "cost:", "teardown:"):
+        assert field in res.stdout
+    assert (work / "out" / "result.txt").read_text() == hostile  # the argument arrived as one word
+    assert not list(tmp_path.rglob("PWNED*")) and not (work / "PWNED").exists()
+
+    status = rgt(tmp_path, sshd_server, "--json", "status", "gpu-box", "cli-1")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["status"] == "succeeded"
+    logs = rgt(tmp_path, sshd_server, "logs", "gpu-box", "cli-1", "--lines", "50")
+    assert logs.returncode == 0 and "step 1/1" in logs.stdout
+
+    ledger = rgt(tmp_path, sshd_server, "--json", "ledger")
+    assert [r["run_id"] for r in json.loads(ledger.stdout)["runs"]] == ["cli-1"]  # may still bill
+
+    pulled = tmp_path / "pulled"
+    res = rgt(tmp_path, sshd_server, "pull", "gpu-box", "cli-1", "--dest", str(pulled))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (pulled / "cli-1" / "out" / "result.txt").read_text() == hostile
+    res = rgt(tmp_path, sshd_server, "gate", "gpu-box", "cli-1", "--dest", str(pulled))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    ledger = rgt(tmp_path, sshd_server, "--json", "ledger")
+    assert json.loads(ledger.stdout)["runs"] == []  # through the gate: no longer listed
+    assert "cli-1" in rgt(tmp_path, sshd_server, "ledger", "--all").stdout
+
+
+def test_a_pushed_box_without_a_run_is_listed_as_possibly_billing(tmp_path, sshd_server):  # noqa: F811
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    res = rgt(tmp_path, sshd_server, "ledger")
+    assert "MAY STILL BE BILLING" in res.stdout and "gpu-box" in res.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["status", "gpu-box", "no-such-run"], "no launch of run"),
+    (["status", "gpu;box", "r1"], "not an ssh alias"),
+    (["status", "-oProxyCommand=x", "r1"], "rgt.py: error:"),  # never reaches ssh as an option
+    (["launch", "gpu-box", "--profile", "local", "--run-id", "bad id!", "--", "true"], "run id"),
+    (["launch", "gpu-box", "--profile", "local", "--run-id", "r2"], "no job command"),
+    (["status", "gpu-box", "r1", "--", "x"], "only for probe and launch"),
+    ([], "give a command"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
+    res = subprocess.run([sys.executable, str(RGT), "--ledger", str(tmp_path / "l.jsonl"), *args],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and fragment in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_remote_words_keep_tilde_and_quote_everything():
+    sys.path.insert(0, str(SCRIPTS))
+    import rgt as cli
+    assert cli.remote_word("~/rgt-bin/run_one.sh") == '"$HOME"/rgt-bin/run_one.sh'
+    assert cli.remote_word("$(reboot)") == "'$(reboot)'"
+    line = cli.remote_command(["echo", "a b", "~"], cwd="/tmp/x y")
+    out = subprocess.run(["bash", "-c", line.replace("mkdir -p '/tmp/x y' && cd '/tmp/x y' && ", "")],
+                         capture_output=True, text=True, env=dict(os.environ, HOME="/home/someone"))
+    assert out.stdout == "a b /home/someone\n"
+    assert shutil.which("bash")
+
+
+def test_patrol_reports_every_open_run_in_one_round_trip_and_escalates(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    common = ["--profile", "local", "--durable-dir", str(durable), "--cwd", str(work)]
+    ok = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--run-id", "good-1", *common, "--",
+             "--deadman-dry-run", "--wait", "--poll-seconds", "0.2", "--", "true")
+    assert ok.returncode == 0, ok.stderr
+    res = rgt(tmp_path, sshd_server, "patrol", "gpu-box", "--min-free-gb", "0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("OK patrol gpu-box: 1 run(s)") and "good-1 SUCCEEDED" in res.stdout
+    assert 2 <= len(res.stdout.strip().splitlines()) <= 5
+
+    bad = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--run-id", "bad-1", *common, "--",
+              "--deadman-dry-run", "--wait", "--poll-seconds", "0.2", "--", "python3", "-c", "import sys; sys.exit(3)")
+    assert bad.returncode == 3, bad.stderr
+    res = rgt(tmp_path, sshd_server, "--json", "patrol", "gpu-box", "--min-free-gb", "0")
+    assert res.returncode == 10, res.stdout + res.stderr
+    verdict = {r["run_id"]: r for r in json.loads(res.stdout)["runs"]}
+    assert verdict["bad-1"]["escalate"] and "failed" in verdict["bad-1"]["why"]
+    assert not verdict["good-1"]["escalate"]
+    res = rgt(tmp_path, sshd_server, "patrol", "gpu-box", "good-1", "--min-free-gb", "1000000")
+    assert res.returncode == 10 and "disk" in res.stdout  # disk headroom below the floor escalates
