@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Pull a run's results off a node with rsync, verify every byte, then promote them atomically.
+"""Pull a run's results off a node (rsync, or a tar stream), verify every byte, then promote them atomically.
 
-Local side, standard library only (plus the rsync program; ssh for remote sources). The node must
+Local side, standard library only (plus rsync, or tar, at both ends; ssh for remote sources). The node must
 hold a manifest written by build_pull_manifest.py. Nothing reaches DEST/<run_id>/ unless every file
 listed in it is present with the right size and SHA-256 and nothing else is present.
 
 Usage:
   pull_verified.py --source [HOST:]ROOT --dest DIR [--rsh "ssh -F cfg"] [--manifest NAME]
-                   [--jobs N] [--bwlimit KBPS] [--fresh] [--json]
+                   [--transport auto|rsync|tar] [--jobs N] [--bwlimit KBPS] [--fresh] [--json]
 
   python3 pull_verified.py --source gpu-box:/workspace/durable/results/run-42 --dest ./pulled
   python3 pull_verified.py --source /mnt/nfs/results/run-42 --dest ./pulled      # a local path
@@ -17,9 +17,12 @@ What it does, in order:
      absolute, default PULL_MANIFEST.json) and validates it BEFORE copying anything: schema, run id,
      sizes, hashes, and every path (absolute, '..', '.', empty components, backslash, NUL/control
      characters, duplicates, a path that is also another's parent, reserved names are all refused);
-  2. rsyncs exactly the listed files (a files-from list, symlinks copied as content) into
-     DEST/.staging-<run_id>/ with --partial-dir=.rsync-partial, so a re-run after Ctrl-C, a dropped
-     connection or a crash continues from the bytes already there;
+  2. copies exactly the listed files (symlinks as content) into DEST/.staging-<run_id>/. Transport
+     (--transport, default auto): rsync when both ends have it, with --partial-dir=.rsync-partial, so
+     a re-run after Ctrl-C, a dropped connection or a crash continues from the bytes already there;
+     otherwise one tar stream (`tar -ch` on the node over ssh, or locally), unpacked member by member
+     with only listed regular files accepted, resumable per file: files already in staging with the
+     manifest's size and hash are not sent again. The summary says which transport ran;
   3. verifies the staging tree in parallel: missing, extra, truncated or oversized files, changed
      bytes, symlinks and special files each get their own FAIL line naming the file. Files that fail
      are moved into .rsync-partial so the next run re-fetches only the blocks that differ;
@@ -36,7 +39,7 @@ Exit codes:
   0    verified and promoted, or already present with the same files
   1    a check failed (manifest unsafe or unreadable, transfer failed, verification failed, another
        pull running); staging is kept for the next run, nothing is promoted
-  2    usage or bad environment (bad flags or --source, rsync missing, DEST not creatable)
+  2    usage or bad environment (bad flags or --source, a forced transport missing, DEST not creatable)
   3    refused: DEST/<run_id>/ exists with different or damaged content
   130  interrupted (Ctrl-C / SIGTERM); re-run the same command to continue
 """
@@ -52,6 +55,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -162,12 +166,6 @@ def fetch_manifest(host, root: str, name: str, rsh, timeout: float = 600.0) -> b
     if len(data) > MAX_MANIFEST_BYTES:
         raise FetchError(f"manifest is larger than {MAX_MANIFEST_BYTES} bytes; refusing to parse it")
     return data
-
-
-# ---------------------------------------------------------------- manifest validation
-
-
-# ---------------------------------------------------------------- hashing and verification
 
 
 # ---------------------------------------------------------------- files and rsync
@@ -297,6 +295,127 @@ def rsync_argv(rsync: str, host, root: str, staging: str, list_file: str, rsh, b
     return argv
 
 
+class TarRun:
+    """The transport when rsync is missing at either end: one `tar -ch` stream over ssh (or locally),
+    unpacked here member by member. Resumable per file: a staging file that already has the manifest's
+    size and SHA-256 is not asked for again; a file cut off mid-stream is never left under its name."""
+
+    def __init__(self, host, root, staging, manifest, rsh, jobs):
+        self.host, self.root, self.staging, self.rsh, self.jobs = host, root, staging, rsh, jobs
+        self.entries = {e["path"]: e for e in manifest["files"]}
+        self.proc = None
+
+    def already_good(self):
+        """Paths whose staging copy verifies already (size first, then the hash)."""
+        sized = [rel for rel, e in self.entries.items()
+                 if os.path.isfile(os.path.join(self.staging, rel))
+                 and not os.path.islink(os.path.join(self.staging, rel))
+                 and os.path.getsize(os.path.join(self.staging, rel)) == e["size"]]
+        if not sized:
+            return set()
+        subset = {"files": [self.entries[rel] for rel in sized]}
+        bad, _ = verify_tree_subset(self.staging, subset, self.jobs)
+        return set(sized) - {b["path"] for b in bad}
+
+    def argv(self):
+        tar = ["tar", "-chf", "-", "-T", "-"]  # -h: a symlink inside the root is sent as its content
+        if self.host is None:
+            return tar, os.path.expanduser(self.root)
+        return rsh_argv(self.rsh) + [self.host, "cd " + remote_quote(self.root) + " && " + " ".join(tar)], None
+
+    def run(self) -> dict:
+        started = time.monotonic()
+        skip = self.already_good()
+        wanted = [rel for rel in sorted(self.entries) if rel not in skip]
+        result = {"rc": 0, "seconds": 0.0, "files_transferred": 0, "files_reused": len(skip),
+                  "literal_bytes": 0, "matched_bytes": sum(self.entries[r]["size"] for r in skip), "stderr_tail": []}
+        if not wanted:
+            return result
+        argv, cwd = self.argv()
+        err = tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        except OSError as exc:
+            result.update(rc=127, stderr_tail=["cannot run %s: %s" % (argv[0], exc.strerror or exc)])
+            return result
+        # "./" first: tar never reads a listed name as an option; manifest paths hold no newline
+        feeder = threading.Thread(target=self._feed, args=(wanted,), daemon=True)
+        feeder.start()
+        try:
+            self._unpack(set(wanted), result)
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            result["stderr_tail"].append("tar stream broken: %s" % exc)
+            broken = True
+        else:
+            broken = False
+        finally:
+            self.proc.stdout.close()
+            rc = self.proc.wait()
+            feeder.join(5)
+            err.seek(0)
+            result["stderr_tail"] = (err.read().decode("utf-8", "replace").strip().splitlines()[-5:]
+                                     + result["stderr_tail"])
+            err.close()
+        result["rc"] = rc or (1 if broken else 0)
+        result["seconds"] = round(time.monotonic() - started, 3)
+        return result
+
+    def _feed(self, wanted):
+        try:
+            self.proc.stdin.write("".join("./%s\n" % rel for rel in wanted).encode("utf-8"))
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def _unpack(self, wanted, result):
+        with tarfile.open(fileobj=self.proc.stdout, mode="r|") as stream:
+            for member in stream:
+                rel = member.name[2:] if member.name.startswith("./") else member.name
+                if member.isdir():
+                    continue
+                if rel not in wanted or not member.isreg():
+                    raise tarfile.TarError("unexpected member %r in the stream (not a listed regular file)" % rel)
+                target = os.path.join(self.staging, rel)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if os.path.islink(target) or os.path.isdir(target):
+                    raise tarfile.TarError("%s in staging is not a regular file; re-run with --fresh" % rel)
+                tmp = os.path.join(os.path.dirname(target), ".%s.rgt-part" % os.path.basename(target))
+                source = stream.extractfile(member)
+                try:
+                    with open(tmp, "wb") as out:
+                        shutil.copyfileobj(source, out, 1 << 20)
+                    os.replace(tmp, target)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                result["files_transferred"] += 1
+                result["literal_bytes"] += member.size
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+
+def verify_tree_subset(root, manifest, jobs):
+    """Hash only the manifest's files that are present (extra files in ROOT are not this check's business)."""
+    problems, hashed = verify_tree(root, manifest, jobs, progress=False)
+    return [p for p in problems if p["code"] not in ("extra", "symlink", "special")], hashed
+
+
+def remote_has(host, rsh, program):
+    """Whether `command -v PROGRAM` succeeds on HOST (one short round trip)."""
+    try:
+        done = subprocess.run(rsh_argv(rsh) + [host, "command -v " + shlex.quote(program)], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
 # ---------------------------------------------------------------- existing destination
 
 def check_existing(final: str, raw_sha: str, manifest: dict):
@@ -354,6 +473,8 @@ def parse_args(argv):
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
                         help="files verified in parallel (default: min(8, CPUs))")
     parser.add_argument("--bwlimit", type=int, help="rsync bandwidth cap in KiB/s")
+    parser.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
+                        help="auto (default): rsync when both ends have it, else a tar stream")
     parser.add_argument("--fresh", action="store_true", help="delete this run's staging dir first (no resume)")
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return parser.parse_args(argv)
@@ -387,8 +508,13 @@ def main(argv=None) -> int:
         if not args.manifest:
             raise UsageError("--manifest is empty")
         rsync = shutil.which("rsync")
-        if not rsync:
-            raise UsageError("rsync is not installed here (apt-get install rsync / brew install rsync)")
+        if args.transport == "rsync" and not rsync:
+            raise UsageError("--transport rsync: rsync is not installed here (apt-get install rsync / "
+                             "brew install rsync), or use --transport tar")
+        if args.bwlimit is not None and args.transport == "tar":
+            raise UsageError("--bwlimit needs rsync; the tar transport has no rate cap")
+        if args.transport == "tar" and not shutil.which("tar") and host is None:
+            raise UsageError("--transport tar: tar is not installed here")
         if args.jobs < 1:
             raise UsageError("--jobs must be at least 1")
         if args.bwlimit is not None and args.bwlimit < 1:
@@ -453,24 +579,35 @@ def main(argv=None) -> int:
         os.makedirs(staging, exist_ok=True)
         paths = [e["path"] for e in manifest["files"]]
         adopt_rsync_leftovers(staging, paths)
-        fd, list_file = tempfile.mkstemp(dir=dest, prefix=f".pull-{run_id}.", suffix=".list")
-        with os.fdopen(fd, "wb") as handle:
-            # "./" keeps rsync from reading a name that starts with '#' or ';' as a comment line
-            handle.write(b"".join(b"./" + p.encode("utf-8") + b"\0" for p in paths))
-        try:
-            show = sys.stderr.isatty() and not args.json
-            rsync_job = RsyncRun(rsync_argv(rsync, host, root, staging, list_file, args.rsh, args.bwlimit, show), show)
-            print(f"pulling {manifest['file_count']} files ({human(manifest['total_bytes'])}) of run {run_id} "
-                  f"from {summary['source']} into {staging}", file=sys.stderr)
+        transport = args.transport
+        if transport == "auto":
+            transport = "rsync" if rsync and (host is None or remote_has(host, args.rsh, "rsync")) else "tar"
+        summary["transport"] = transport
+        show = sys.stderr.isatty() and not args.json
+        print(f"pulling {manifest['file_count']} files ({human(manifest['total_bytes'])}) of run {run_id} "
+              f"from {summary['source']} into {staging} ({transport})", file=sys.stderr)
+        if transport == "tar":
+            rsync_job = TarRun(host, root, staging, manifest, args.rsh, args.jobs)
             transfer = rsync_job.run()
-        finally:
-            os.unlink(list_file)
-        summary["rsync"] = transfer
+        else:
+            fd, list_file = tempfile.mkstemp(dir=dest, prefix=f".pull-{run_id}.", suffix=".list")
+            with os.fdopen(fd, "wb") as handle:
+                # "./" keeps rsync from reading a name that starts with '#' or ';' as a comment line
+                handle.write(b"".join(b"./" + p.encode("utf-8") + b"\0" for p in paths))
+            try:
+                rsync_job = RsyncRun(rsync_argv(rsync, host, root, staging, list_file, args.rsh, args.bwlimit, show),
+                                     show)
+                transfer = rsync_job.run()
+            finally:
+                os.unlink(list_file)
+        summary["transfer"] = transfer
+        if transport == "rsync":
+            summary["rsync"] = transfer  # the name older callers read
         problems, _ = verify_tree(staging, manifest, args.jobs)
         if problems:
             park_bad_files(staging, problems)
             if transfer["rc"] != 0:
-                problems.insert(0, problem("rsync", summary["source"], f"rsync exit {transfer['rc']}: " +
+                problems.insert(0, problem(transport, summary["source"], f"{transport} exit {transfer['rc']}: " +
                                            " | ".join(transfer["stderr_tail"][-2:])))
             summary.update({"problems": problems, "staging": staging})
             emit(args, summary, [f"NOT PROMOTED: {len(problems)} problem(s); staging kept at {staging}. Fix the "
@@ -504,7 +641,7 @@ def main(argv=None) -> int:
         lock_handle.close()
     seconds = time.monotonic() - started
     summary.update({"ok": True, "status": "promoted", "seconds": round(seconds, 3), "verified": verified})
-    reused = summary["rsync"].get("matched_bytes")
+    reused = summary["transfer"].get("matched_bytes")
     emit(args, summary, [f"OK pulled and verified run {run_id}: {manifest['file_count']} files, "
                          f"{human(manifest['total_bytes'])} -> {final} ({VERIFIED_NAME} written, "
                          f"{seconds:.1f} s" + (f", {human(reused)} reused from earlier attempts" if reused else "")

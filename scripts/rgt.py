@@ -15,7 +15,7 @@ Usage:
   rgt.py [global options] patrol HOST [RID...] [--rate-per-hour X] [--min-free-gb G]
   rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
   rgt.py [global options] ack    HOST RID (--postpone-minutes M | --disarm)
-  rgt.py [global options] pull   HOST RID [--dest DIR]
+  rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar]
   rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P]
   rgt.py [global options] ledger [--all]
 
@@ -493,7 +493,7 @@ def cmd_pull(args, ssh):
     rid = check_run_id(args.run_id)
     _run, results, _p = run_paths(args, rid)
     argv = laptop_tool("pull_verified.py") + ["--source", "%s:%s" % (args.host, results), "--dest", args.dest,
-                                             "--rsh", ssh.rsh] + (["--json"] if args.json else [])
+                                             "--rsh", ssh.rsh, "--transport", args.transport] + (["--json"] if args.json else [])
     res = subprocess.run(argv)
     ledger_append(ledger_path(args.ledger), event="pull", host=args.host, run_id=rid, dest=args.dest,
                   state="pulled" if res.returncode == 0 else "pull_failed")
@@ -598,6 +598,7 @@ def build_parser():
     g.add_argument("--disarm", action="store_true")
     p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)
     p.add_argument("--dest", default="pulled")
+    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto")
     p = host_cmd("gate", "the teardown gate: is it safe to stop the meter?", run_id=True)
     p.add_argument("--dest", default="pulled")
     p.add_argument("--profile")

@@ -51,3 +51,19 @@ def repo() -> Path:
 @pytest.fixture
 def py() -> str:
     return sys.executable
+
+
+def path_without(folder: Path, *hidden: str) -> str:
+    """A PATH holding every program of the current PATH except HIDDEN (symlinks in FOLDER):
+    how a bare machine without rsync or tmux looks to a script."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for directory in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/sbin"]:
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            link, target = folder / name, os.path.join(directory, name)
+            if name in hidden or link.exists() or link.is_symlink():
+                continue
+            if os.path.isfile(target) and os.access(target, os.X_OK):
+                link.symlink_to(target)
+    return str(folder)

@@ -4,7 +4,9 @@ import subprocess
 import sys
 import time
 
-from conftest import NODE, SCRIPTS, TOOLS
+import os
+
+from conftest import NODE, SCRIPTS, TOOLS, path_without
 
 PHASES = ["probe", "gate", "dead-man", "run", "interrupt", "resume", "manifest", "pull", "verify", "teardown gate",
           "dead-man fires"]
@@ -36,3 +38,18 @@ def test_demo_refuses_a_non_empty_workdir(tmp_path):
     res = subprocess.run([sys.executable, str(SCRIPTS / "demo_lifecycle.py"), "--workdir", str(tmp_path)],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "not empty" in res.stderr and (tmp_path / "something").exists()
+
+
+def test_demo_runs_on_a_bare_machine_without_rsync_or_tmux(tmp_path):
+    """The README's promise: Python and bash are enough; the pull falls back to a tar stream, the
+    launcher to setsid."""
+    env = dict(os.environ, PATH=path_without(tmp_path / "bin", "rsync", "tmux"))
+    work = tmp_path / "demo"
+    res = subprocess.run([sys.executable, str(SCRIPTS / "demo_lifecycle.py"), "--json", "--keep", "--workdir", str(work)],
+                         capture_output=True, text=True, timeout=240, env=env)
+    report = json.loads(res.stdout)
+    assert res.returncode == 0 and report["ok"], res.stderr[-2000:]
+    assert [p["phase"] for p in report["phases"]] == PHASES
+    status = json.loads((work / "node" / "runs" / "demo-2" / "status.json").read_text())
+    assert status["detach"] == "setsid"
+    assert (work / "laptop" / "pulled" / "demo-2" / "PULL_VERIFIED.json").exists()

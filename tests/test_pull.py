@@ -12,13 +12,15 @@ import re
 import signal
 import subprocess
 import sys
+import shlex
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_module
+from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_module, path_without
 from sshd_fixture import sshd_server  # noqa: F401  (session fixture: real sshd + ssh config "gpu-box")
 
 sys.path.insert(0, str(SCRIPTS)); sys.path.insert(0, str(NODE))
@@ -113,7 +115,6 @@ def profile_env(tmp_path_factory):
 @pytest.fixture
 def node(tmp_path):
     """Result root 'on the node' with its manifest built (same machine, reached through sshd or locally)."""
-    need("rsync")
     root = make_results(tmp_path / "node dir" / "results")  # a space: quoting must hold end to end
     done = build(root)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -510,7 +511,7 @@ def test_gate_refuses_without_verified_pull_and_rejects_unknown_profile(node, tm
 
 from hypothesis import given, settings, HealthCheck, strategies as st  # noqa: E402
 
-FILES = st.lists(st.binary(min_size=1, max_size=3000), min_size=1, max_size=3)
+FILES = st.lists(st.binary(min_size=1, max_size=3000), min_size=1, max_size=3)  # .dat: no format check, any bytes are a valid file
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -524,12 +525,12 @@ def test_any_single_byte_change_on_the_node_is_caught(contents, data):
         root = Path(tmp) / "node"
         (root / "out").mkdir(parents=True)
         for i, blob in enumerate(contents):
-            (root / "out" / f"f{i}.bin").write_bytes(blob)
+            (root / "out" / f"f{i}.dat").write_bytes(blob)
         assert build(root, ("out",)).returncode == 0
-        flip_byte(root / "out" / f"f{index}.bin", offset, mask)
+        flip_byte(root / "out" / f"f{index}.dat", offset, mask)
         done = pull(str(root), Path(tmp) / "dest")
         assert done.returncode == 1
-        assert f"FAIL sha256: out/f{index}.bin:" in done.stdout
+        assert f"FAIL sha256: out/f{index}.dat:" in done.stdout
         assert fail_codes(done.stdout) == {"sha256"}
         assert not (Path(tmp) / "dest" / RUN).exists()
 
@@ -564,3 +565,77 @@ def test_puller_path_rules_agree_with_published_schema(parts, absolute, schema_v
                 "roster": ["**"], "file_count": 1, "total_bytes": 0,
                 "files": [{"path": path, "size": 0, "sha256": "0" * 64}]}
     assert schema_validator.is_valid(manifest) == (evidence.path_problem(path) is None), repr(path)
+
+
+# ---------------------------------------------------------------- no rsync: the tar stream
+
+def same_tree(node: Path, pulled: Path):
+    manifest = json.loads((node / "PULL_MANIFEST.json").read_text())
+    for entry in manifest["files"]:
+        assert (pulled / entry["path"]).read_bytes() == (node / entry["path"]).read_bytes(), entry["path"]
+    return manifest
+
+
+def test_tar_transport_over_ssh_pulls_and_verifies(sshd_server, node, tmp_path):
+    done = pull(f"gpu-box:{node}", tmp_path / "dest", sshd_server.rsh, "--transport", "tar", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["transport"] == "tar" and "rsync" not in summary
+    manifest = same_tree(node, tmp_path / "dest" / RUN)
+    assert summary["transfer"]["files_transferred"] == manifest["file_count"]
+    assert (tmp_path / "dest" / RUN / "PULL_VERIFIED.json").exists()
+
+
+def test_tar_transport_resumes_per_file(sshd_server, node, tmp_path):
+    dest = tmp_path / "dest"
+    staging = dest / f".staging-{RUN}"
+    (staging / "ckpt").mkdir(parents=True)
+    shutil.copyfile(node / "ckpt" / "epoch_1.pt", staging / "ckpt" / "epoch_1.pt")   # verified already
+    (staging / "final.json").write_bytes(b'{"steps_done": 4}')                          # wrong: sent again
+    done = pull(f"gpu-box:{node}", dest, sshd_server.rsh, "--transport", "tar", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    transfer = json.loads(done.stdout)["transfer"]
+    manifest = same_tree(node, dest / RUN)
+    assert transfer["files_reused"] == 1 and transfer["files_transferred"] == manifest["file_count"] - 1
+    assert transfer["matched_bytes"] == (node / "ckpt" / "epoch_1.pt").stat().st_size
+
+
+def test_tar_transport_reports_node_side_damage(sshd_server, node, tmp_path):
+    target = node / "ckpt" / "epoch_1.pt"
+    flip_byte(target, 70_000)
+    done = pull(f"gpu-box:{node}", tmp_path / "dest", sshd_server.rsh, "--transport", "tar")
+    assert done.returncode == 1
+    assert re.search(r"^FAIL sha256: ckpt/epoch_1\.pt: content differs from the manifest", done.stdout, re.M)
+    assert not (tmp_path / "dest" / RUN).exists()
+
+
+def test_without_rsync_auto_picks_tar_locally_and_over_ssh(sshd_server, node, tmp_path):
+    env = dict(os.environ, PATH=path_without(tmp_path / "bin", "rsync"))
+    assert subprocess.run(["sh", "-c", "command -v rsync"], env=env, capture_output=True).returncode != 0
+    for name, source, extra in (("local", str(node), ()), ("ssh", f"gpu-box:{node}", ("--rsh", sshd_server.rsh))):
+        done = run(PULL, "--source", source, "--dest", tmp_path / name, *extra, "--json", env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout)["transport"] == "tar"
+        same_tree(node, tmp_path / name / RUN)
+    forced = run(PULL, "--source", str(node), "--dest", tmp_path / "forced", "--transport", "rsync", env=env)
+    assert forced.returncode == 2 and "rsync is not installed" in forced.stderr
+
+
+def test_tar_stream_with_an_unlisted_member_is_refused(tmp_path):
+    """A stream that carries a file the manifest does not list is cut off; nothing outside staging appears."""
+    root = make_results(tmp_path / "r")
+    assert build(root).returncode == 0
+    fake_bin = tmp_path / "fakebin"
+    fake_bin.mkdir()
+    evil = tmp_path / "evil"
+    (evil / "x").mkdir(parents=True)
+    (evil / "x" / "payload").write_text("not listed")
+    # a "tar" that ignores the list and sends ../x/payload instead
+    (fake_bin / "tar").write_text("#!/bin/sh\ncat >/dev/null\ncd %s && exec %s -cf - ../evil/x/payload\n"
+                                  % (shlex.quote(str(tmp_path / "r")), shutil.which("tar")))
+    (fake_bin / "tar").chmod(0o755)
+    env = dict(os.environ, PATH=str(fake_bin) + os.pathsep + os.environ["PATH"])
+    done = run(PULL, "--source", root, "--dest", tmp_path / "dest", "--transport", "tar", env=env)
+    assert done.returncode == 1 and "unexpected member" in done.stdout
+    assert not (tmp_path / "dest" / RUN).exists() and not (tmp_path / "x").exists()
+    assert not list((tmp_path / "dest").rglob("payload"))

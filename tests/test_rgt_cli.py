@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import NODE, SCRIPTS, need
+from conftest import NODE, SCRIPTS, need, path_without
 from sshd_fixture import sshd_server  # noqa: F401
 
 RGT = SCRIPTS / "rgt.py"
@@ -48,7 +48,22 @@ def test_push_refuses_to_leave_a_mixed_toolkit_unnoticed(tmp_path, sshd_server):
     assert res.returncode == 3 and "not one version" in res.stderr
 
 
-def test_the_whole_chain_over_ssh(tmp_path, sshd_server):  # noqa: F811
+@pytest.mark.parametrize("bare", [False, True], ids=["with-rsync", "no-rsync-no-tmux"])
+def test_the_whole_chain_over_ssh(tmp_path, sshd_server, bare):  # noqa: F811
+    """The SKILL.md chain end to end; `bare` runs it with rsync and tmux hidden from the laptop side."""
+    # sshd gives the node side its own PATH, so only the laptop side is bare here; the launcher's
+    # setsid fallback on a bare node is proven by tests/test_demo.py.
+    if bare:
+        os.environ["PATH"], saved = path_without(tmp_path / "bin", "rsync", "tmux"), os.environ["PATH"]
+    try:
+        chain(tmp_path, sshd_server, bare)
+    finally:
+        if bare:
+            os.environ["PATH"] = saved
+
+
+def chain(tmp_path, server, bare):
+    sshd_server = server
     durable, work = tmp_path / "durable", tmp_path / "work"
     assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
     probe = rgt(tmp_path, sshd_server, "--json", "probe", "gpu-box", "--profile", "local", "--",
@@ -81,6 +96,8 @@ def test_the_whole_chain_over_ssh(tmp_path, sshd_server):  # noqa: F811
     pulled = tmp_path / "pulled"
     res = rgt(tmp_path, sshd_server, "pull", "gpu-box", "cli-1", "--dest", str(pulled))
     assert res.returncode == 0, res.stdout + res.stderr
+    assert ("(rsync)" if shutil.which("rsync") and not bare else "(tar)") in res.stderr
+
     assert (pulled / "cli-1" / "out" / "result.txt").read_text() == hostile
     res = rgt(tmp_path, sshd_server, "gate", "gpu-box", "cli-1", "--dest", str(pulled))
     assert res.returncode == 0, res.stdout + res.stderr
