@@ -262,10 +262,10 @@ def check_secrets(root: Path):
 
 
 def script_options(path: Path):
-    """Every long option a script's --help mentions (for deadman.py, its subcommands' too)."""
+    """Every long option a script's --help mentions (for tools with subcommands, theirs too)."""
     import sys
-    subcommands = {"deadman.py": ["arm", "ack", "status"],
-                   "rgt.py": ["push", "probe", "launch", "status", "logs", "ack", "pull", "gate", "ledger"]}
+    subcommands = {"deadman.py": ["arm", "ack", "status"], "idle_watch.py": ["arm", "status", "disarm"],
+                   "rgt.py": ["push", "probe", "launch", "status", "patrol", "logs", "ack", "pull", "gate", "ledger"]}
     runs = [[]] + [[s] for s in subcommands.get(path.name, [])]
     text = ""
     for sub in runs:

@@ -209,6 +209,13 @@ CASES = [
     ("scripts/rgt.py", [], nothing, 2, "give a command"),
     ("scripts/rgt.py", ["launch", "gpu-box"], nothing, 2, "required: --profile, --run-id"),
     ("scripts/rgt.py", ["logs", "gpu-box", "r1", "--lines", "x"], nothing, 2, "--lines"),
+    # idle_watch.py
+    ("scripts/node/idle_watch.py", [], nothing, 2, "give a command"),
+    ("scripts/node/idle_watch.py", ["arm", "--watch-dir", "{tmp}/w", "--stop-cmd", "'unbalanced"], nothing, 2,
+     "cannot be split"),
+    ("scripts/node/idle_watch.py", ["arm", "--watch-dir", "{tmp}/w", "--stop-cmd", "true", "--util-below", "nan"],
+     nothing, 2, "--util-below"),
+    ("scripts/node/idle_watch.py", ["status", "--watch-dir", "{missing}"], nothing, 2, "not a directory"),
     # lookup.py
     ("scripts/lookup.py", [], nothing, 2, "give an entry ID"),
     ("scripts/lookup.py", ["--in", "{missing}", "oom"], nothing, 2, "no such file"),

@@ -1,0 +1,140 @@
+"""idle_watch.py: the dead-man for a box with no run (issue 11). Real detached processes; the GPU is a
+stand-in `nvidia-smi` on PATH that prints what the real one prints for
+`--query-gpu=utilization.gpu --format=csv,noheader,nounits` (one integer per GPU), read from a file
+the test controls."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import NODE
+from sshd_fixture import sshd_server  # noqa: F401
+
+WATCH = NODE / "idle_watch.py"
+
+
+def run(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, str(WATCH), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture
+def gpu(tmp_path):
+    """PATH with a stand-in nvidia-smi whose readings are the lines of tmp_path/util."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    reading = tmp_path / "util"
+    reading.write_text("3\n5\n")
+    smi = bindir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncat %s\n" % reading)
+    smi.chmod(0o755)
+    return reading, dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}")
+
+
+def wait_for(predicate, what, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def state(watch_dir):
+    try:
+        return json.loads((watch_dir / "idle_watch.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def marker_cmd(path):
+    return f"{sys.executable} -c \"open({str(path)!r}, 'w').write('stopped')\""
+
+
+def arm(watch_dir, stop, env, *extra):
+    res = run("arm", "--watch-dir", watch_dir, "--stop-cmd", stop, "--idle-minutes", "0.02",
+              "--poll-seconds", "0.2", "--ignore-ssh", *extra, env=env)
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout.strip())
+
+
+def test_an_idle_box_stops_its_meter(tmp_path, gpu):
+    _, env = gpu
+    watch, marker = tmp_path / "watch", tmp_path / "METER_STOPPED"
+    arm(watch, marker_cmd(marker), env)
+    fired = wait_for(lambda: (watch / "IDLE_FIRED.json").exists() and json.loads((watch / "IDLE_FIRED.json").read_text()),
+                     "the idle watcher to fire")
+    assert marker.read_text() == "stopped" and fired["reason"] == "idle_box" and fired["rc"] == 0
+    assert wait_for(lambda: state(watch).get("state") == "FIRED", "the FIRED state")
+
+
+def test_a_busy_gpu_or_an_active_run_keeps_it_from_firing(tmp_path, gpu):
+    reading, env = gpu
+    reading.write_text("2\n87\n")   # one GPU busy
+    runs = tmp_path / "runs"
+    (runs / "r1").mkdir(parents=True)
+    watch, marker = tmp_path / "watch", tmp_path / "METER_STOPPED"
+    arm(watch, marker_cmd(marker), env, "--runs-dir", runs)
+    seen = wait_for(lambda: state(watch).get("ticks", 0) >= 5 and state(watch), "five ticks")
+    assert "GPU utilization 2/87%" in seen["busy"][0] and not marker.exists()
+    # GPUs go quiet, but a live run (this test process as its supervisor) keeps the box busy
+    me = {"pid": os.getpid()}
+    me.update(json.loads(subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import rgt_core, json;"
+                                         " print(json.dumps(rgt_core.process_identity(%d)))" % (str(NODE), os.getpid())],
+                                        capture_output=True, text=True).stdout))
+    (runs / "r1" / "status.json").write_text(json.dumps({"state": "running", "supervisor_identity": me}))
+    reading.write_text("0\n0\n")
+    ticks = state(watch)["ticks"]
+    seen = wait_for(lambda: state(watch).get("ticks", 0) >= ticks + 5 and state(watch), "five more ticks")
+    assert seen["busy"] == ["active run(s): r1"] and not marker.exists()
+    # the run ends: now the box is idle and the watcher fires
+    (runs / "r1" / "status.json").write_text(json.dumps({"state": "succeeded", "supervisor_identity": me}))
+    wait_for(marker.exists, "the stop after the run ended")
+
+
+def test_no_gpu_reading_is_never_taken_for_idle(tmp_path, gpu):
+    reading, env = gpu
+    reading.write_text("[N/A]\n")
+    watch, marker = tmp_path / "watch", tmp_path / "METER_STOPPED"
+    arm(watch, marker_cmd(marker), env)
+    seen = wait_for(lambda: state(watch).get("ticks", 0) >= 5 and state(watch), "five ticks")
+    assert "not a utilization" in seen["busy"][0] and not marker.exists()
+    assert run("disarm", "--watch-dir", watch).returncode == 0
+    assert wait_for(lambda: state(watch).get("state") == "DISARMED", "the disarm")
+
+
+def test_an_open_ssh_session_keeps_it_from_firing(tmp_path, gpu, sshd_server):
+    _, env = gpu
+    watch, marker = tmp_path / "watch", tmp_path / "METER_STOPPED"
+    session = subprocess.Popen(["ssh", "-F", str(sshd_server.config), "-o", "ControlPath=none", "gpu-box",
+                                "sleep 600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        res = run("arm", "--watch-dir", watch, "--stop-cmd", marker_cmd(marker), "--idle-minutes", "0.02",
+                  "--poll-seconds", "0.2", env=env)
+        assert res.returncode == 0, res.stderr
+        seen = wait_for(lambda: any("SSH session" in b for b in state(watch).get("busy", [])) and state(watch),
+                        "the watcher to see the SSH session")
+        assert not marker.exists() and seen["idle_seconds"] == 0
+    finally:
+        session.kill()
+        session.wait()
+        run("disarm", "--watch-dir", watch)
+
+
+def test_destructive_stop_refused_and_one_watcher_per_dir(tmp_path, gpu):
+    _, env = gpu
+    watch = tmp_path / "watch"
+    res = run("arm", "--watch-dir", watch, "--stop-cmd", "vastai destroy instance 123", env=env)
+    assert res.returncode == 3 and "destructive" in res.stderr and "Traceback" not in res.stderr
+    res = run("arm", "--watch-dir", watch, "--stop-cmd", "true", "--idle-minutes", "30", "--poll-seconds", "0.2",
+              env=env)
+    assert res.returncode == 0, res.stderr
+    again = run("arm", "--watch-dir", watch, "--stop-cmd", "true", env=env)
+    assert again.returncode == 3 and "already" in again.stderr
+    assert run("disarm", "--watch-dir", watch).returncode == 0
+    wait_for(lambda: state(watch).get("state") == "DISARMED", "the disarm")
