@@ -931,3 +931,29 @@ def test_every_option_is_in_the_docstring():
             flags.update(f for f in act.option_strings if f.startswith("--") and f != "--help")
     assert sorted(f for f in flags if f not in doc) == []
     assert sorted(set(re.findall(r"--[a-z][a-z-]+", doc)) - flags - {"--help"}) == []
+
+
+# ----------------------------------------------------------------------------- the node registry
+
+def test_a_finished_run_waits_while_another_run_on_the_node_trains(tmp_path, procs):
+    """Issue 11 drill: two runs, one ends, the other trains: no stop until both are done and the grace has passed."""
+
+    runs = tmp_path / "runs"
+    done_run, live_run = runs / "a", runs / "b"
+    done_run.mkdir(parents=True)
+    live_run.mkdir()
+    (done_run / "status.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "ended_at": core.utc_iso()}))
+    trainer = start_job(procs, "import time; time.sleep(600)")
+    (live_run / "status.json").write_text(json.dumps({"state": "running", "job_pid": trainer.pid,
+                                                      "job_identity": core.process_identity(trainer.pid)}))
+    stop, calls = stand_in(tmp_path)
+    res = arm_bg(procs, done_run, "--grace-minutes", "0.01", "--stop-cmd", stop)
+    assert res.returncode == 0, res.stderr
+    log = done_run / "deadman.log"
+    assert wait_for(lambda: log.exists() and "another run on this node is active (b)" in log.read_text(), 60)
+    time.sleep(2)  # several polls past the 0.6 s grace: with the other run active, nothing may fire
+    assert calls_of(calls) == [] and not (done_run / "DEADMAN_FIRED.json").exists()
+    trainer.kill()
+    trainer.wait()
+    assert wait_for(lambda: (done_run / "DEADMAN_FIRED.json").exists(), 60)
+    assert read(done_run, "DEADMAN_FIRED.json")["reason"] == "job_ended" and len(calls_of(calls)) == 1

@@ -633,6 +633,7 @@ class Deadman(object):
         self.ssh_capped = False           # the SSH wait reached --ssh-wait-max-minutes
         self.ssh_seen = {}                # session key -> (activity, monotonic time it last changed)
         self.resumed_mono = None          # when the machine last woke from suspend
+        self.last_other = None            # when another run on this node was last seen active
         self.progress_sig = None          # (mtime of heartbeat.json, of job.log) last seen
         self.progress_mono = self.armed_mono
         self.last_eval = self.armed_mono
@@ -794,7 +795,15 @@ class Deadman(object):
         else:
             idle_since = self.ended_mono if self.ended_mono is not None else self.armed_mono
             holding = False
-            if cfg["wait_ssh"]:
+            # The node registry: another run on this node still trains, so the box is not idle.
+            others = core.active_runs([os.path.dirname(self.run_dir)], exclude=[self.run_dir])
+            if others:
+                holding, self.last_other = True, now
+                self.note("%s; holding: another run on this node is active (%s)"
+                          % (why_over or "no job running", ", ".join(others[:5])))
+            if self.last_other is not None:
+                idle_since = max(idle_since, self.last_other)  # the grace starts when the last one ended
+            if cfg["wait_ssh"] and not holding:
                 counted, idle = self.counted_sessions(now)
                 if counted:
                     if self.ssh_wait_since is None:

@@ -47,7 +47,6 @@ import deadman  # noqa: E402  (ssh session detection, destructive-command infere
 STATE = "idle_watch.json"
 FIRED = "IDLE_FIRED.json"
 DISARM = "IDLE_DISARM"
-ACTIVE_STATES = ("starting", "running", "stalled", "syncing")
 
 
 def gpu_busy(timeout, util_below):
@@ -67,22 +66,6 @@ def gpu_busy(timeout, util_below):
         return "nvidia-smi listed no GPU"
     busy = [v for v in values if v >= util_below]
     return "GPU utilization %s%% (threshold %g%%)" % ("/".join("%g" % v for v in values), util_below) if busy else None
-
-
-def active_runs(runs_dirs):
-    """Run ids whose status says active and whose supervisor is alive."""
-    found = []
-    for runs in runs_dirs:
-        try:
-            names = sorted(os.listdir(runs))
-        except OSError:
-            continue
-        for name in names:
-            status = core.read_json(os.path.join(runs, name, "status.json"))
-            if status.get("state") in ACTIVE_STATES and core.record_alive(status.get("supervisor_identity"),
-                                                                           status.get("supervisor_pid")):
-                found.append(name)
-    return found
 
 
 class IdleWatch(object):
@@ -114,7 +97,7 @@ class IdleWatch(object):
             sessions = deadman.ssh_sessions() or []
             if sessions:
                 reasons.append("SSH session(s) open: %s" % ", ".join(s["label"] for s in sessions[:3]))
-        runs = active_runs(cfg["runs_dirs"])
+        runs = core.active_runs(cfg["runs_dirs"])
         if runs:
             reasons.append("active run(s): %s" % ", ".join(runs[:5]))
         return reasons

@@ -696,6 +696,32 @@ DEADMAN_FILE = "deadman.json"
 DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
+ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")
+
+
+def active_runs(runs_dirs, exclude=()):
+    """The node registry: names of run dirs under RUNS_DIRS (e.g. DURABLE/runs) whose status.json says
+    active and whose supervisor or job is still that same process. EXCLUDE: run dirs to leave out."""
+    skip = {os.path.realpath(p) for p in exclude}
+    found = []
+    for runs in runs_dirs:
+        try:
+            names = sorted(os.listdir(runs))
+        except OSError:
+            continue
+        for name in names:
+            run_dir = os.path.join(runs, name)
+            if os.path.realpath(run_dir) in skip:
+                continue
+            status = read_json(os.path.join(run_dir, "status.json"))
+            if status.get("state") not in ACTIVE_RUN_STATES:
+                continue
+            if (record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
+                    or record_alive(status.get("job_identity"), status.get("job_pid"))):
+                found.append(name)
+    return found
+
+
 def deadman_state(run_dir, check_alive=True):
     """What watches the run in RUN_DIR, read from deadman.json and DEADMAN_FIRED.json -> dict.
 
