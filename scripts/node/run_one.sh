@@ -5,7 +5,19 @@
 #   run_one.sh [--profile NAME] [--run-id ID] [--run-dir DIR] [--durable-dir DIR] [--output GLOB]...
 #              [--allow-empty GLOB]... [--disk-floor-gb N] [--stall-minutes M] [--grace-minutes M]
 #              [--max-hours H] [--deadman-dry-run] [--no-deadman] [--deadman-arg ARG]... [--wait]
-#              [--poll-seconds S] [--require-gpu] [--gpu-timeout S] [--json] -- CMD [ARGS...]
+#              [--poll-seconds S] [--require-gpu] [--gpu-timeout S] [--json]
+#              [--stop-signal TERM|INT|HUP|USR1|USR2|QUIT] [--resume-glob GLOB --resume-arg TEMPLATE]
+#              [--progress-regex RE] -- CMD [ARGS...]
+#
+# Adapters for training code we did not write (recorded in run.json, applied by the supervisor):
+#   --stop-signal SIG     what the job's process group gets on preemption or stop (default TERM; a
+#                         trainer whose clean exit is its Ctrl-C path wants INT)
+#   --resume-glob GLOB    its checkpoints (relative to the job's cwd); with --resume-arg TEMPLATE
+#                         ("{}" = the path, e.g. the trainer's resume flag and {}) the resume arguments join CMD
+#                         only when a match exists and passes the content check: the newest good one,
+#                         skipping torn or empty ones (recorded in status.json "resume")
+#   --progress-regex RE   read step and total from job.log lines (named groups step, total, or the
+#                         first two groups), so status has a step and an ETA without a heartbeat
 #
 # In order: load the profile's defaults from profiles/index.json (variables already set in the
 # environment win; flags win over both) -> source PROXY_HOOK when it is an existing file (sourced,
@@ -85,7 +97,7 @@ usage() {
 # ---------------------------------------------------------------------------------- arguments
 PROFILE="" RUN_ID="" RUN_DIR="" DURABLE_ARG="" FLOOR_ARG="" STALL="" GRACE="" MAXH="" POLL="" GPU_TIMEOUT=15
 DM_DRY=0 NO_DM=0 WAIT=0 NEED_GPU=0 JSON=0
-OUTPUTS=() ALLOW_EMPTY=() DM_EXTRA=()
+OUTPUTS=() ALLOW_EMPTY=() DM_EXTRA=() ADAPT=()
 need_val() { [ "$#" -ge 2 ] && [ -n "$2" ] || die "$1 needs a value"; }
 while [ "$#" -gt 0 ]; do
   case "$1" in
@@ -103,6 +115,7 @@ while [ "$#" -gt 0 ]; do
     --poll-seconds) need_val "$@"; POLL=$2; shift 2 ;;
     --gpu-timeout) need_val "$@"; GPU_TIMEOUT=$2; shift 2 ;;
     --deadman-arg) need_val "$@"; DM_EXTRA+=("$2"); shift 2 ;;
+    --stop-signal|--resume-glob|--resume-arg|--progress-regex) need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
     --deadman-dry-run) DM_DRY=1; shift ;;
     --no-deadman) NO_DM=1; shift ;;
     --wait) WAIT=1; shift ;;
@@ -243,7 +256,7 @@ command -v tmux >/dev/null 2>&1 && DETACH=tmux
 init=(init --run-dir "$RUN_DIR" --run-id "$RUN_ID" --cwd "$PWD" --results-dir "$RESULTS_DIR" --detach "$DETACH"
       --launcher-pid "$$" "--profile=$PROFILE" "--durable-dir=${DURABLE_DIR:-}")
 [ "$NO_DM" = 1 ] || init+=(--check-deadman)
-sv "${init[@]}" "${GLOB_ARGS[@]}" -- "${CMD[@]}" || exit "$?"
+sv "${init[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" -- "${CMD[@]}" || exit "$?"
 
 fail_launch() {  # MESSAGE EXIT: nothing ran, so leave a readable failed status and no dangling dead-man
   sv fail --run-dir "$RUN_DIR" "--message=$1" &&

@@ -65,6 +65,7 @@ Exit codes:
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -279,6 +280,29 @@ def one_line(r):
 
 # ---------------------------------------------------------------- classification
 
+def log_progress(log_path, pattern, tail_bytes=256 * 1024):
+    """(step, total) from the last job.log line the run's --progress-regex matches, else (None, None).
+    For code that writes no heartbeat: `step 120/500`, tqdm's `120/500 [`, `Epoch 3 ... it 120 of 500`."""
+    try:
+        rx = re.compile(pattern)
+        with open(log_path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(log_path) - tail_bytes))
+            lines = handle.read().decode("utf-8", "replace").replace("\r", "\n").splitlines()
+    except (OSError, re.error):
+        return None, None
+    for line in reversed(lines):
+        match = rx.search(line)
+        if not match:
+            continue
+        named = match.groupdict()
+        groups = match.groups()
+        step = named.get("step") if "step" in named else (groups[0] if groups else None)
+        total = named.get("total") if "total" in named else (groups[1] if len(groups) > 1 and "step" not in named
+                                                                else None)
+        return num(as_int(step) if step is not None else None), num(as_int(total) if total is not None else None)
+    return None, None
+
+
 def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=None):
     if not os.path.isdir(run_dir):
         raise core.UsageError(("not a directory: %s" if os.path.exists(run_dir) else "no such run dir: %s")
@@ -310,6 +334,10 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
         if (sup_recorded and same_host) else None
 
     step, total = num(hb.get("step")), num(hb.get("total_steps"))
+    progress_source = "heartbeat" if step is not None else None
+    if step is None and (run or {}).get("progress_regex"):
+        step, total = log_progress(p("job.log"), run["progress_regex"])
+        progress_source = "job.log (--progress-regex)" if step is not None else None
     hb_time = num(hb.get("time"))
     hb_mtime = mtime(p("heartbeat.json"))
     activity_age = core.progress_age(run_dir, now)
@@ -323,6 +351,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
          "status": None, "exit": None, "state": state, "reason": None, "hint": None,
          "job_pid": job_pid, "job_alive": alive, "supervisor_alive": sup_alive, "exit_code": exit_code,
          "host": host, "step": step, "total_steps": total, "epoch": hb.get("epoch"), "loss": hb.get("loss"),
+         "progress_source": progress_source, "attempt": status.get("attempt"),
          "percent": round(100.0 * step / total, 1) if (step is not None and total) else None,
          "heartbeat_age_s": round(now - (hb_time if hb_time is not None else hb_mtime), 1)
          if (hb_time is not None or hb_mtime is not None) else None,

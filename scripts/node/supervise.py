@@ -18,7 +18,8 @@ Usage:
   supervise.py init --run-dir D --run-id ID --cwd DIR --results-dir R --detach tmux|setsid
                     --launcher-pid PID [--profile NAME] [--durable-dir DIR] [--check-deadman]
                     [--output GLOB]... [--allow-empty GLOB]... -- CMD [ARGS...]
-      write run.json and status.json (state starting); an earlier attempt's evidence moves to
+      [--stop-signal SIG] [--resume-glob GLOB --resume-arg TEMPLATE] [--progress-regex RE]
+      write run.json and status.json (state starting, attempt N); an earlier attempt's evidence moves to
       previous/<stamp>/; refused (3) while a live dead-man is armed on D (with --check-deadman)
   supervise.py fail --run-dir D --message TEXT
       mark a run that never got a supervisor as failed; exit 0 when no supervisor ever claimed it
@@ -28,8 +29,9 @@ Usage:
       supervisor that died or did not record itself within S s (default 30) -> the run is marked
       failed under the status lock, so a late supervisor can never run it, and exit 1
   supervise.py supervise --run-dir D
-      (internal, runs detached) claim the run, run the job in its own session, forward
-      SIGTERM/SIGINT/SIGHUP to its process group as SIGTERM, wait until the whole group is gone,
+      (internal, runs detached) claim the run, add the resume arguments (the newest checkpoint that
+      passes the content check), run the job in its own session, forward SIGTERM/SIGINT/SIGHUP to
+      its process group as the run's stop signal (TERM by default), wait until the group is gone,
       sync, record the final state; exit: the job's code, else 1 when the sync failed
   supervise.py sync --run-dir D
       run the end-of-run sync again for a finished run (after freeing disk, say); 0 ok, 1 failed
@@ -60,6 +62,7 @@ Exit codes: 0 ok, 1 failed (the sync, the start, a job that failed: its code), 2
 import contextlib
 import errno
 import os
+import re
 import shlex
 import signal
 import socket
@@ -235,10 +238,68 @@ def move_old_evidence(run_dir):
     say("%s: earlier attempt's %s moved to %s" % (PROG, " ".join(names), prev))
 
 
+STOP_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")
+
+
+def check_adapters(args):
+    """The resume and progress adapters, validated at launch (exit 2), never at the job's end."""
+    if bool(args.resume_glob) != bool(args.resume_arg):
+        raise core.UsageError("--resume-glob and --resume-arg go together (the checkpoints, and how to pass one)")
+    if args.resume_glob:
+        normal_patterns([args.resume_glob], "--resume-glob")
+        try:
+            shlex.split(args.resume_arg)
+        except ValueError as exc:
+            raise core.UsageError("--resume-arg cannot be split into arguments: %s" % exc)
+    if args.progress_regex:
+        try:
+            rx = re.compile(args.progress_regex)
+        except re.error as exc:
+            raise core.UsageError("--progress-regex does not compile: %s" % exc)
+        if "step" not in rx.groupindex and rx.groups < 1:
+            raise core.UsageError("--progress-regex needs a group for the step: (?P<step>\\d+) or (\\d+)")
+
+
+def resume_choice(run):
+    """(extra argv, record): the newest checkpoint matching resume_glob that passes the content check."""
+    pattern, template = run.get("resume_glob"), run.get("resume_arg")
+    if not pattern or not template:
+        return [], None
+    cwd = run.get("cwd") or "."
+    rx = evidence.compile_pattern(evidence.check_pattern(pattern))
+    found = []
+    for folder, dirs, files in os.walk(cwd):
+        for name in files:
+            full = os.path.join(folder, name)
+            rel = os.path.relpath(full, cwd).replace(os.sep, "/")
+            if rx.fullmatch(rel) and os.path.isfile(full):
+                found.append((os.path.getmtime(full), rel))
+    skipped = []
+    for _mtime, rel in sorted(found, reverse=True):
+        full = os.path.join(cwd, rel)
+        _fmt, why = evidence.content_check(full, rel)
+        if why is None and os.path.getsize(full) == 0:
+            why = "zero bytes"
+        if why is None:
+            extra = [a.replace("{}", rel) for a in shlex.split(template)]
+            return extra, {"from": rel, "args": extra, "skipped": skipped}
+        skipped.append({"path": rel, "why": why})
+    return [], {"from": None, "args": [], "skipped": skipped}
+
+
+def attempt_number(run_dir):
+    """1 for a new run dir; N+1 when N earlier attempts were moved to previous/."""
+    try:
+        return 1 + len([n for n in os.listdir(os.path.join(run_dir, "previous")) if not n.startswith(".")])
+    except OSError:
+        return 1
+
+
 def op_init(args):
     run_dir = os.path.abspath(args.run_dir)
     if not args.cmd:
         raise core.UsageError("no command given")
+    check_adapters(args)
     outputs = normal_patterns(args.output, "--output")
     allow_empty = normal_patterns(args.allow_empty, "--allow-empty")
     if args.check_deadman:
@@ -252,12 +313,15 @@ def op_init(args):
             "run_id": args.run_id, "cmd": args.cmd, "cwd": args.cwd, "profile": args.profile or None,
             "host": socket.gethostname(), "created_at": core.utc_iso(), "outputs": outputs,
             "allow_empty": allow_empty, "durable_dir": args.durable_dir or None, "results_dir": args.results_dir,
-            "run_dir": run_dir})
+            "run_dir": run_dir, "stop_signal": args.stop_signal, "resume_glob": args.resume_glob or None,
+            "resume_arg": args.resume_arg or None, "progress_regex": args.progress_regex or None,
+            "attempt": attempt_number(run_dir)})
         core.atomic_write_json(run_path(run_dir, STATUS), {
             "run_id": args.run_id, "state": "starting", "job_pid": None, "job_identity": None, "exit_code": None,
             "started_at": None, "ended_at": None, "updated_at": core.utc_iso(), "detach": args.detach,
             "launcher_pid": args.launcher_pid, "launcher_identity": core.process_identity(args.launcher_pid),
-            "supervisor_pid": None, "supervisor_identity": None, "sync": None, "error": None})
+            "supervisor_pid": None, "supervisor_identity": None, "sync": None, "error": None,
+            "attempt": attempt_number(run_dir), "resume": None})
     with open(run_path(run_dir, "job.log"), "ab"):
         pass
     return 0
@@ -615,6 +679,7 @@ class Supervisor(object):
         self.run_dir = run_dir
         self.job = None
         self.pending = None
+        self.stop_signal = signal.SIGTERM
         self.log_path = run_path(run_dir, "job.log")
 
     def note(self, text):
@@ -635,12 +700,14 @@ class Supervisor(object):
         if self.job is None:
             self.pending = name
             return
-        self.note("supervisor got %s: forwarding SIGTERM to the job's process group %d" % (name, self.job.pid))
+        sig = self.stop_signal
+        self.note("supervisor got %s: forwarding %s to the job's process group %d"
+                  % (name, signal.Signals(sig).name, self.job.pid))
         try:
-            os.killpg(self.job.pid, signal.SIGTERM)
+            os.killpg(self.job.pid, sig)
         except OSError:
             try:
-                self.job.send_signal(signal.SIGTERM)
+                self.job.send_signal(sig)
             except OSError:
                 pass
 
@@ -673,6 +740,14 @@ class Supervisor(object):
                    RGT_HEARTBEAT=run_path(self.run_dir, "heartbeat.json"))
         if not cmd or not isinstance(cmd, list) or not os.path.isdir(cwd):
             return 127, "cannot start: no command in run.json, or its cwd %r is gone" % cwd
+        extra, resume = resume_choice(run)
+        if resume is not None:
+            for item in resume["skipped"]:
+                self.note("resume: skipping %s: %s" % (item["path"], item["why"]))
+            self.note("resume: from %s" % resume["from"] if resume["from"] else "resume: no good checkpoint, fresh start")
+            set_status(self.run_dir, resume=resume)
+            cmd = list(cmd) + extra
+        self.stop_signal = getattr(signal, "SIG" + str(run.get("stop_signal") or "TERM"), signal.SIGTERM)
         self.note("starting: %s (cwd %s)" % (" ".join(shlex.quote(str(a)) for a in cmd), cwd))
         try:
             with open(self.log_path, "ab") as log:
@@ -932,6 +1007,10 @@ def build_parser():
     p.add_argument("--profile", default="")
     p.add_argument("--durable-dir", default="")
     p.add_argument("--check-deadman", action="store_true")
+    p.add_argument("--stop-signal", choices=STOP_SIGNALS, default="TERM")
+    p.add_argument("--resume-glob", default="")
+    p.add_argument("--resume-arg", default="")
+    p.add_argument("--progress-regex", default="")
     p.add_argument("--output", action="append", default=[])
     p.add_argument("--allow-empty", action="append", default=[])
     p = sub.add_parser("fail", help="mark a run that never got a supervisor failed")

@@ -1,0 +1,115 @@
+"""Resume adapters for training code we did not write (issue 11), with real PyTorch CPU and real
+processes: a third-party-style trainer that resumes only when given `--resume PATH`, saves only on
+its Ctrl-C path (SIGINT), and prints `step N/T` instead of writing a heartbeat."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import NODE
+from test_run_one import box, read, wait_for  # noqa: F401  (box: the fixture that cleans up)
+
+torch = pytest.importorskip("torch", reason="PyTorch (CPU) drives the third-party trainer")
+
+TRAINER = r'''
+import argparse, os, sys, time, torch
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--resume", default=None)
+args = parser.parse_args()
+os.makedirs("out", exist_ok=True)
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+start = 0
+if args.resume:
+    state = torch.load(args.resume)
+    model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); start = state["step"]
+    print("resumed from step %d" % start, flush=True)
+def save(step):
+    tmp = "out/ckpt.pt.tmp"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+    os.replace(tmp, "out/ckpt.pt")
+step = start
+try:
+    while step < args.steps:
+        x = torch.randn(8, 4)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        step += 1
+        print("step %d/%d loss %.4f" % (step, args.steps, loss.item()), flush=True)
+        if os.path.exists(os.environ["GATE_FILE"]) and step >= 5:
+            time.sleep(0.05)          # the test holds it here until it has been preempted
+        else:
+            time.sleep(0.01)
+except KeyboardInterrupt:          # this trainer's only clean-exit path
+    save(step)
+    print("interrupted: saved step %d" % step, flush=True)
+    sys.exit(130)
+save(step)
+open("out/final.txt", "w").write("steps_done %d from %d\n" % (step, start))
+'''
+
+ADAPT = ["--stop-signal", "INT", "--resume-glob", "out/*.pt", "--resume-arg", "--resume {}",
+         "--progress-regex", r"step (?P<step>\d+)/(?P<total>\d+)", "--no-deadman", "--output", "out/*"]
+
+
+def status_json(run_dir):
+    res = subprocess.run([sys.executable, str(NODE / "run_status.py"), str(run_dir), "--json", "--no-gpu"],
+                         capture_output=True, text=True, timeout=60)
+    return json.loads(res.stdout) if res.stdout.strip() else {}
+
+
+def test_third_party_trainer_preempted_and_resumed_as_attempt_two(tmp_path, box):  # noqa: F811
+    (box.work / "train.py").write_text(TRAINER)
+    gate = tmp_path / "hold"
+    gate.write_text("hold")
+    env = dict(box.env, GATE_FILE=str(gate))
+    job = [sys.executable, "train.py", "--steps", "60"]
+    argv = ["bash", str(NODE / "run_one.sh"), "--profile", "testbox", "--run-id", "tp", *ADAPT, "--", *job]
+    first = subprocess.run(argv, cwd=str(box.work), env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    run_dir = box.run_dir("tp")
+    # progress with no heartbeat: read from job.log by the regex
+    assert wait_for(lambda: (status_json(run_dir).get("step") or 0) >= 5, 90)
+    st = status_json(run_dir)
+    assert st["progress_source"].startswith("job.log") and st["total_steps"] == 60 and st["attempt"] == 1
+    assert read(run_dir / "status.json")["resume"] == {"from": None, "args": [], "skipped": []}  # fresh start
+
+    # preemption: the supervisor gets SIGTERM and must pass the trainer its own signal, SIGINT
+    os.kill(read(run_dir / "status.json")["supervisor_pid"], signal.SIGTERM)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 90)
+    log = (run_dir / "job.log").read_text()
+    assert "forwarding SIGINT" in log and "interrupted: saved step" in log
+    saved = torch.load(box.work / "out" / "ckpt.pt")["step"]
+    assert 5 <= saved < 60
+    # a newer but torn checkpoint must be skipped, never resumed from
+    torn = box.work / "out" / "ckpt_newer.pt"
+    torn.write_bytes(b"PK\x03\x04 cut off mid-save")
+    os.utime(torn, (os.path.getmtime(box.work / "out" / "ckpt.pt") + 10,) * 2)
+
+    gate.unlink()
+    second = subprocess.run(argv + [], cwd=str(box.work), env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 120)
+    status = read(run_dir / "status.json")
+    assert status["attempt"] == 2 and status["resume"]["from"] == "out/ckpt.pt"
+    assert status["resume"]["args"] == ["--resume", "out/ckpt.pt"]
+    assert [s["path"] for s in status["resume"]["skipped"]] == ["out/ckpt_newer.pt"]
+    assert (box.work / "out" / "final.txt").read_text() == "steps_done 60 from %d\n" % saved
+    assert ("resumed from step %d" % saved) in (run_dir / "job.log").read_text()
+    assert list((run_dir / "previous").iterdir()), "attempt 1's evidence was kept apart"
+
+
+def test_adapter_arguments_are_checked_at_launch(tmp_path, box):  # noqa: F811
+    for opts, fragment in ((["--resume-glob", "out/*.pt"], "go together"),
+                           (["--progress-regex", "step ("], "does not compile"),
+                           (["--progress-regex", "no groups"], "needs a group"),
+                           (["--stop-signal", "KILL"], "invalid choice")):
+        res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--profile", "testbox", "--run-id", "bad",
+                              "--no-deadman", *opts, "--", "true"], cwd=str(box.work), env=box.env,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2 and fragment in res.stderr and "Traceback" not in res.stderr, (opts, res.stderr)
