@@ -16,7 +16,7 @@ Usage:
   rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
   rgt.py [global options] ack    HOST RID (--postpone-minutes M | --disarm)
   rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar]
-  rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P]
+  rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect]
   rgt.py [global options] ledger [--all]
 
 Global options (before the command):
@@ -38,6 +38,9 @@ output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); t
 last `--` are the job. With one `--` only, all of it is the job. The run dir is
 DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
 DURABLE_DIR/results/RID; later commands find both in the ledger.
+
+gate: the teardown gate with our checkpoint inspector on every pulled checkpoint (--no-inspect skips
+that part; the byte-for-byte match with the node is never skipped).
 
 push: rsync when both ends have it, else a tar stream over ssh (--transport forces one). The
 node folder gets the toolkit plus profiles/index.json, then the node's copy of the core checks that
@@ -508,7 +511,8 @@ def cmd_gate(args, ssh):
         raise core.UsageError("which platform? pass --profile (the ledger has none for %s)" % rid)
     argv = laptop_tool("teardown_gate.py") + ["--pulled", os.path.join(args.dest, rid), "--source",
                                               "%s:%s" % (args.host, results), "--rsh", ssh.rsh,
-                                              "--profile", profile] + (["--json"] if args.json else [])
+                                              "--profile", profile] + ([] if args.no_inspect else ["--inspect"]) \
+        + (["--json"] if args.json else [])
     res = subprocess.run(argv)
     ledger_append(ledger_path(args.ledger), event="gate", host=args.host, run_id=rid,
                   verdict="PASS" if res.returncode == 0 else "REFUSED")
@@ -602,6 +606,7 @@ def build_parser():
     p = host_cmd("gate", "the teardown gate: is it safe to stop the meter?", run_id=True)
     p.add_argument("--dest", default="pulled")
     p.add_argument("--profile")
+    p.add_argument("--no-inspect", action="store_true")
     p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared])
     p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
     return parser

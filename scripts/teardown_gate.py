@@ -14,7 +14,8 @@ It passes only when all of these hold:
   3. every pulled file still verifies locally (re-hashed; no missing, extra or changed files);
   4. each --load-check command exits 0 for every pulled file matching --load-glob (default: *.pt,
      *.pth, *.ckpt, *.safetensors at any depth). "{}" in the command becomes the file's path; the
-     command is split with shlex and run without a shell, in the pulled directory.
+     command is split with shlex and run without a shell, in the pulled directory. --inspect adds our
+     checkpoint inspector (ckpt_inspect.py) as one more load check; a pull with no checkpoint passes it.
 On a pass it prints the profile's meter-stop action, what that destroys and what keeps billing
 (from profiles/index.json), the run id, file count and bytes, and that it did NOT tear anything down.
 
@@ -22,7 +23,8 @@ Usage:
   teardown_gate.py --pulled DEST/<run_id> --profile NAME
                    (--source [HOST:]ROOT [--rsh "ssh -F cfg"] [--fetch-only [--remote-manifest NAME]]
                     | --manifest PATH)
-                   [--load-check "CMD {}"]... [--load-glob GLOB]... [--load-timeout S] [--jobs N] [--json]
+                   [--load-check "CMD {}"]... [--inspect] [--load-glob GLOB]... [--load-timeout S] [--jobs N]
+                   [--json]
 
   python3 teardown_gate.py --pulled ./pulled/run-42 --source gpu-box:/workspace/durable/results/run-42 \\
       --profile runpod --load-check "python3 check_ckpt.py {}"
@@ -159,11 +161,17 @@ def compare(pulled: dict, current: dict) -> list:
     return reasons
 
 
-def run_load_checks(pulled_dir: str, manifest: dict, templates, globs, timeout: float, skip: set):
+INSPECT = f"{shlex.quote(sys.executable)} {shlex.quote(os.path.join(HERE, 'node', 'ckpt_inspect.py'))} {{}}"
+
+
+def run_load_checks(pulled_dir: str, manifest: dict, templates, globs, timeout: float, skip: set,
+                    none_ok: bool = False):
     reasons, results = [], []
     compiled = [evidence.compile_pattern(evidence.check_pattern(g)) for g in globs]
     targets = [e["path"] for e in manifest["files"]
                if any(rx.fullmatch(c) for rx in compiled for c in evidence.ancestors_and_self(e["path"]))]
+    if not targets and none_ok:  # --inspect alone: a pull without checkpoints has nothing to inspect
+        return reasons, results
     if not targets:
         reasons.append(pv.problem("load-check", ",".join(globs), "no pulled file matches --load-glob, so the "
                                                                  "load-check would check nothing"))
@@ -219,6 +227,9 @@ def parse_args(argv):
     parser.add_argument("--profile", required=True, help="platform profile id (profiles/<id>.md)")
     parser.add_argument("--load-check", action="append", default=[], metavar="CMD",
                         help='command run per checkpoint, "{}" = its path (repeatable)')
+    parser.add_argument("--inspect", action="store_true",
+                        help="also run scripts/node/ckpt_inspect.py on every checkpoint (container and, with "
+                             "torch, a weights-only load); no checkpoints in the pull is not a reason")
     parser.add_argument("--load-glob", action="append", metavar="GLOB",
                         help="which pulled files are checkpoints (repeatable; default *.pt *.pth *.ckpt "
                              "*.safetensors at any depth)")
@@ -314,10 +325,12 @@ def main(argv=None) -> int:
         for item in local_problems:
             item["detail"] = "local copy: " + item["detail"]
         reasons += local_problems
-        if args.load_check:
+        templates = list(args.load_check) + ([INSPECT] if args.inspect else [])
+        if templates:
             broken = {p["path"] for p in local_problems}
-            load_reasons, verdict["load_checks"] = run_load_checks(pulled_dir, pulled_manifest, args.load_check,
-                                                                   globs, args.load_timeout, broken)
+            load_reasons, verdict["load_checks"] = run_load_checks(pulled_dir, pulled_manifest, templates,
+                                                                   globs, args.load_timeout, broken,
+                                                                   none_ok=not args.load_check)
             reasons += load_reasons
 
     if profile is None:

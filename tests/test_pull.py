@@ -639,3 +639,33 @@ def test_tar_stream_with_an_unlisted_member_is_refused(tmp_path):
     assert done.returncode == 1 and "unexpected member" in done.stdout
     assert not (tmp_path / "dest" / RUN).exists() and not (tmp_path / "x").exists()
     assert not list((tmp_path / "dest").rglob("payload"))
+
+
+def test_gate_inspect_runs_the_checkpoint_inspector(tmp_path, profile_env):
+    """--inspect: a checkpoint torch can load passes, noise with a checkpoint's name is a reason; a pull
+    with no checkpoint at all passes (nothing to inspect)."""
+    torch = pytest.importorskip("torch", reason="a real torch.save checkpoint")
+    root = tmp_path / "r"
+    (root / "ckpt").mkdir(parents=True)
+    torch.save({"model": torch.nn.Linear(2, 1).state_dict(), "step": 3}, root / "ckpt" / "good.pt")
+    (root / "final.json").write_text('{"ok": true}')
+    assert build(root, ("ckpt/**", "final.json")).returncode == 0
+    assert pull(str(root), tmp_path / "dest").returncode == 0
+    ok = gate(tmp_path / "dest" / RUN, profile_env, "--source", str(root), "--inspect")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "1 load-check(s) passed" in ok.stdout
+
+    noisy = make_results(tmp_path / "n")   # checkpoints that are a pickle header and noise
+    assert build(noisy).returncode == 0
+    assert pull(str(noisy), tmp_path / "dest2").returncode == 0
+    bad = gate(tmp_path / "dest2" / RUN, profile_env, "--source", str(noisy), "--inspect")
+    assert bad.returncode == 3
+    assert re.search(r"^REASON load-check: ckpt/epoch_1\.pt: .*ckpt_inspect\.py", bad.stdout, re.M), bad.stdout
+
+    plain = tmp_path / "p"
+    plain.mkdir()
+    (plain / "final.json").write_text('{"ok": true}')
+    assert build(plain, ("final.json",)).returncode == 0
+    assert pull(str(plain), tmp_path / "dest3").returncode == 0
+    none = gate(tmp_path / "dest3" / RUN, profile_env, "--source", str(plain), "--inspect")
+    assert none.returncode == 0, none.stdout
