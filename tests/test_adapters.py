@@ -113,3 +113,82 @@ def test_adapter_arguments_are_checked_at_launch(tmp_path, box):  # noqa: F811
                               "--no-deadman", *opts, "--", "true"], cwd=str(box.work), env=box.env,
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and fragment in res.stderr and "Traceback" not in res.stderr, (opts, res.stderr)
+
+
+PERIODIC = r'''
+import argparse, os, sys, time, torch
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=40)
+parser.add_argument("--resume", default=None)
+args = parser.parse_args()
+os.makedirs("out", exist_ok=True)
+model = torch.nn.Linear(4, 1)
+start = torch.load(args.resume)["step"] if args.resume else 0
+if args.resume:
+    print("resumed from step %d" % start, flush=True)
+for step in range(start + 1, args.steps + 1):
+    print("step %d/%d" % (step, args.steps), flush=True)
+    if step % 5 == 0:
+        torch.save({"model": model.state_dict(), "step": step}, "out/ckpt.pt.tmp")
+        os.replace("out/ckpt.pt.tmp", "out/ckpt.pt")
+    hold = os.environ.get("GATE_FILE")
+    time.sleep(0.2 if hold and os.path.exists(hold) else 0.01)
+open("out/final.txt", "w").write("from %d to %d\n" % (start, args.steps))
+'''
+
+
+def kill_everything_of(run_dir):
+    """A simulated restart: the supervisor, the job's group and the dead-man die together, by SIGKILL."""
+    status = read(run_dir / "status.json")
+    for pid in (status.get("job_pid"), status.get("supervisor_pid"), read(run_dir / "deadman.json").get("pid")):
+        if pid:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    for pid in (status.get("job_pid"), status.get("supervisor_pid")):
+        assert wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
+                        open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30)
+
+
+@pytest.mark.parametrize("opted_in", [True, False], ids=["auto-resume", "re-arm-only"])
+def test_boot_resume_after_a_simulated_restart(tmp_path, box, opted_in):  # noqa: F811
+    (box.work / "train.py").write_text(PERIODIC)
+    gate = tmp_path / "hold"
+    gate.write_text("hold")
+    env = dict(box.env, GATE_FILE=str(gate))
+    opts = ["--resume-glob", "out/*.pt", "--resume-arg", "--resume {}", "--deadman-dry-run", "--output", "out/*",
+            "--grace-minutes", "0.01"] + (["--auto-resume", "--max-attempts", "3"] if opted_in else [])
+    argv = ["bash", str(NODE / "run_one.sh"), "--profile", "testbox", "--run-id", "boot", *opts, "--",
+            sys.executable, "train.py"]
+    assert subprocess.run(argv, cwd=str(box.work), env=env, capture_output=True, text=True,
+                          timeout=120).returncode == 0
+    run_dir = box.run_dir("boot")
+    assert wait_for(lambda: (box.work / "out" / "ckpt.pt").exists(), 90)
+    old_deadman = read(run_dir / "deadman.json")["pid"]
+    kill_everything_of(run_dir)
+    assert read(run_dir / "status.json")["state"] == "running"   # what a restarted box finds
+    gate.unlink()
+    boot = subprocess.run([sys.executable, str(NODE / "boot_resume.py"), "--runs-dir", str(box.durable / "runs"),
+                           "--json"], env=box.env, capture_output=True, text=True, timeout=300)
+    assert boot.returncode == 0, boot.stdout + boot.stderr
+    (only,) = json.loads(boot.stdout)["runs"]
+    if opted_in:
+        assert only["action"] == "resumed" and only["attempt"] == 2
+        assert only["seconds_to_launch"] < 30, only    # boot command to a detached, watched attempt 2
+        assert wait_for(lambda: read(run_dir / "status.json").get("state") == "succeeded", 120)
+        status = read(run_dir / "status.json")
+        assert status["attempt"] == 2 and status["resume"]["from"] == "out/ckpt.pt"
+        saved = int((box.work / "out" / "final.txt").read_text().split()[1])
+        assert saved >= 5 and (box.work / "out" / "final.txt").read_text().endswith("to 40\n")
+        assert read(run_dir / "deadman.json")["pid"] != old_deadman   # attempt 2 got its own dead-man
+    else:
+        assert only["action"] == "re-armed the dead-man" and "--auto-resume" in only["why"]
+        status = read(run_dir / "status.json")
+        assert status["state"] == "failed" and "node restarted" in status["error"]
+        assert wait_for(lambda: (run_dir / "DEADMAN_FIRED.json").exists(), 90)   # the meter stops on its own
+        assert read(run_dir / "DEADMAN_FIRED.json")["reason"] == "job_ended"
+    # nothing left to do on a second boot
+    again = subprocess.run([sys.executable, str(NODE / "boot_resume.py"), "--runs-dir", str(box.durable / "runs")],
+                           env=box.env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "no unfinished run" in again.stdout

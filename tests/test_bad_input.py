@@ -216,6 +216,10 @@ CASES = [
     ("scripts/node/idle_watch.py", ["arm", "--watch-dir", "{tmp}/w", "--stop-cmd", "true", "--util-below", "nan"],
      nothing, 2, "--util-below"),
     ("scripts/node/idle_watch.py", ["status", "--watch-dir", "{missing}"], nothing, 2, "not a directory"),
+    # boot_resume.py
+    ("scripts/node/boot_resume.py", [], nothing, 2, "required: --runs-dir"),
+    ("scripts/node/boot_resume.py", ["--runs-dir", "{missing}"], nothing, 2, "not a directory"),
+    ("scripts/node/boot_resume.py", ["--runs-dir", "{file}"], nothing, 2, "not a directory"),
     # lookup.py
     ("scripts/lookup.py", [], nothing, 2, "give an entry ID"),
     ("scripts/lookup.py", ["--in", "{missing}", "oom"], nothing, 2, "no such file"),

@@ -7,7 +7,7 @@
 #              [--max-hours H] [--deadman-dry-run] [--no-deadman] [--deadman-arg ARG]... [--wait]
 #              [--poll-seconds S] [--require-gpu] [--gpu-timeout S] [--json]
 #              [--stop-signal TERM|INT|HUP|USR1|USR2|QUIT] [--resume-glob GLOB --resume-arg TEMPLATE]
-#              [--progress-regex RE] -- CMD [ARGS...]
+#              [--progress-regex RE] [--auto-resume [--max-attempts N]] -- CMD [ARGS...]
 #
 # Adapters for training code we did not write (recorded in run.json, applied by the supervisor):
 #   --stop-signal SIG     what the job's process group gets on preemption or stop (default TERM; a
@@ -18,6 +18,9 @@
 #                         skipping torn or empty ones (recorded in status.json "resume")
 #   --progress-regex RE   read step and total from job.log lines (named groups step, total, or the
 #                         first two groups), so status has a step and an ETA without a heartbeat
+#   --auto-resume         after a restart of the box, boot_resume.py relaunches this exact launch as
+#                         the next attempt (with the resume adapters above), at most --max-attempts
+#                         times in all (default 3); without it, boot_resume.py only re-arms the dead-man
 #
 # In order: load the profile's defaults from profiles/index.json (variables already set in the
 # environment win; flags win over both) -> source PROXY_HOOK when it is an existing file (sourced,
@@ -64,6 +67,8 @@
 set -uo pipefail
 
 PROG=run_one.sh
+LAUNCH_ARGS=()   # this launch, word for word: what boot_resume.py replays after a restart
+for word in "$@"; do LAUNCH_ARGS+=("--launch-arg=w:$word"); done  # "w:": argparse eats a bare "--" value
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SELF="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
 DEADMAN="$SCRIPT_DIR/deadman.py"
@@ -115,7 +120,8 @@ while [ "$#" -gt 0 ]; do
     --poll-seconds) need_val "$@"; POLL=$2; shift 2 ;;
     --gpu-timeout) need_val "$@"; GPU_TIMEOUT=$2; shift 2 ;;
     --deadman-arg) need_val "$@"; DM_EXTRA+=("$2"); shift 2 ;;
-    --stop-signal|--resume-glob|--resume-arg|--progress-regex) need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
+    --stop-signal|--resume-glob|--resume-arg|--progress-regex|--max-attempts) need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
+    --auto-resume) ADAPT+=("--auto-resume"); shift ;;
     --deadman-dry-run) DM_DRY=1; shift ;;
     --no-deadman) NO_DM=1; shift ;;
     --wait) WAIT=1; shift ;;
@@ -256,7 +262,7 @@ command -v tmux >/dev/null 2>&1 && DETACH=tmux
 init=(init --run-dir "$RUN_DIR" --run-id "$RUN_ID" --cwd "$PWD" --results-dir "$RESULTS_DIR" --detach "$DETACH"
       --launcher-pid "$$" "--profile=$PROFILE" "--durable-dir=${DURABLE_DIR:-}")
 [ "$NO_DM" = 1 ] || init+=(--check-deadman)
-sv "${init[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" -- "${CMD[@]}" || exit "$?"
+sv "${init[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" "${LAUNCH_ARGS[@]}" -- "${CMD[@]}" || exit "$?"
 
 fail_launch() {  # MESSAGE EXIT: nothing ran, so leave a readable failed status and no dangling dead-man
   sv fail --run-dir "$RUN_DIR" "--message=$1" &&

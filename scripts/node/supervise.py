@@ -19,6 +19,7 @@ Usage:
                     --launcher-pid PID [--profile NAME] [--durable-dir DIR] [--check-deadman]
                     [--output GLOB]... [--allow-empty GLOB]... -- CMD [ARGS...]
       [--stop-signal SIG] [--resume-glob GLOB --resume-arg TEMPLATE] [--progress-regex RE]
+                    [--auto-resume] [--max-attempts N] [--launch-arg WORD]...
       write run.json and status.json (state starting, attempt N); an earlier attempt's evidence moves to
       previous/<stamp>/; refused (3) while a live dead-man is armed on D (with --check-deadman)
   supervise.py fail --run-dir D --message TEXT
@@ -227,8 +228,9 @@ def op_gpu_gate(args):
 
 def move_old_evidence(run_dir):
     """A relaunch in the same run dir keeps the earlier attempt's evidence apart."""
-    names = [n for n in ("exit_code", "sync.json", "DEADMAN_FIRED.json", "ACK") if os.path.exists(run_path(run_dir, n))]
-    if not names:
+    names = [n for n in ("exit_code", "DEADMAN_FIRED.json", "ACK") if os.path.exists(run_path(run_dir, n))]
+    ran = core.read_json(run_path(run_dir, STATUS)).get("started_at")  # an attempt killed with the box
+    if not names and not ran:
         return
     names += [STATUS] if os.path.exists(run_path(run_dir, STATUS)) else []
     prev = os.path.join(run_dir, "previous", "%s-%d" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), os.getpid()))
@@ -251,6 +253,8 @@ def check_adapters(args):
             shlex.split(args.resume_arg)
         except ValueError as exc:
             raise core.UsageError("--resume-arg cannot be split into arguments: %s" % exc)
+    if args.max_attempts < 1:
+        raise core.UsageError("--max-attempts must be at least 1")
     if args.progress_regex:
         try:
             rx = re.compile(args.progress_regex)
@@ -315,7 +319,9 @@ def op_init(args):
             "allow_empty": allow_empty, "durable_dir": args.durable_dir or None, "results_dir": args.results_dir,
             "run_dir": run_dir, "stop_signal": args.stop_signal, "resume_glob": args.resume_glob or None,
             "resume_arg": args.resume_arg or None, "progress_regex": args.progress_regex or None,
-            "attempt": attempt_number(run_dir)})
+            "attempt": attempt_number(run_dir), "auto_resume": args.auto_resume,
+            "max_attempts": args.max_attempts,
+            "launch_argv": [w[2:] if w.startswith("w:") else w for w in args.launch_arg]})
         core.atomic_write_json(run_path(run_dir, STATUS), {
             "run_id": args.run_id, "state": "starting", "job_pid": None, "job_identity": None, "exit_code": None,
             "started_at": None, "ended_at": None, "updated_at": core.utc_iso(), "detach": args.detach,
@@ -1011,6 +1017,9 @@ def build_parser():
     p.add_argument("--resume-glob", default="")
     p.add_argument("--resume-arg", default="")
     p.add_argument("--progress-regex", default="")
+    p.add_argument("--auto-resume", action="store_true")
+    p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--launch-arg", action="append", default=[])
     p.add_argument("--output", action="append", default=[])
     p.add_argument("--allow-empty", action="append", default=[])
     p = sub.add_parser("fail", help="mark a run that never got a supervisor failed")
