@@ -45,7 +45,6 @@ Exit codes:
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -452,15 +451,9 @@ def check_existing(final: str, raw_sha: str, manifest: dict):
 
 # ---------------------------------------------------------------- main
 
-class Parser(argparse.ArgumentParser):
-    """A usage error is one line on stderr (exit 2), not the whole usage block."""
-    def error(self, message):
-        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
-        sys.exit(2)
-
-
 def parse_args(argv):
-    parser = Parser(
+    parser = core.Parser(
+        prog="pull_verified.py",
         description="rsync a run's results into staging, verify against the node's manifest, promote atomically.",
         epilog="Exit: 0 ok/already, 1 check failed (staging kept), 2 usage, 3 refused to overwrite, "
                "130 interrupted. Details: module docstring.")
@@ -650,4 +643,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(core.run_main(main, prog='pull_verified.py'))

@@ -39,7 +39,6 @@ Exit codes:
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -202,15 +201,9 @@ def run_load_checks(pulled_dir: str, manifest: dict, templates, globs, timeout: 
     return reasons, results
 
 
-class Parser(argparse.ArgumentParser):
-    """A usage error is one line on stderr (exit 2), not the whole usage block."""
-    def error(self, message):
-        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
-        sys.exit(2)
-
-
 def parse_args(argv):
-    parser = Parser(
+    parser = core.Parser(
+        prog="teardown_gate.py",
         description="Pass only when the pulled run matches the node's current manifest and re-verifies. "
                     "Never tears down.",
         epilog="Exit: 0 pass (prints the meter-stop action), 2 usage, 3 refused with every reason.")
@@ -373,4 +366,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(core.run_main(main, prog='teardown_gate.py'))
