@@ -175,7 +175,7 @@ def main(argv=None) -> int:
         print(f"error: {src} is not a checkout of {SKILL} (no SKILL.md naming it)", file=sys.stderr)
         return 2
     base = args.project if args.project else Path.home()
-    if args.project and not args.project.is_dir():
+    if args.project and not os.path.isdir(args.project):   # os.path: an over-long name is False, not OSError
         print(f"error: --project {args.project} is not a directory", file=sys.stderr)
         return 2
     agents = args.agent or ([] if args.target else ["claude", "codex"])
@@ -189,6 +189,15 @@ def main(argv=None) -> int:
     for folder in args.target or []:
         if folder.resolve() not in [f.resolve() for f in folders]:
             folders.append(folder)
+
+    carried = [src / item for item in CARRIED if (src / item).is_dir()]
+    for folder in folders:   # staging under a carried folder would be copied into itself, forever
+        inside = [c for c in carried if os.path.realpath(folder) == os.path.realpath(c)
+                  or os.path.realpath(folder).startswith(os.path.realpath(c) + os.sep)]
+        if inside:
+            print(f"error: {folder} is inside {inside[0]}, which the install copies; pick a folder outside "
+                  f"the checkout's {', '.join(CARRIED)}", file=sys.stderr)
+            return 2
 
     status = 0
     for folder in folders:

@@ -55,8 +55,13 @@ def parse_number(text: str) -> float:
 
 
 def decimals(text: str) -> int:
-    mantissa = re.split(r"[eE]", text)[0]
-    return len(mantissa.split(".")[1]) if "." in mantissa else 0
+    """Decimal places the claim is written to, exponent included: 76.1 -> 1, 3e-4 -> 4, 1.5e3 -> -2."""
+    parts = re.split(r"[eE]", text.replace(",", ""))
+    places = len(parts[0].split(".")[1]) if "." in parts[0] else 0
+    try:
+        return places - (int(parts[1]) if len(parts) > 1 else 0)
+    except ValueError:
+        return places
 
 
 def load_records(path: Path):

@@ -79,8 +79,9 @@ def check_budget(root: Path):
     text = (root / "SKILL.md").read_text(encoding="utf-8")
     _, body = split_frontmatter(text)
     problems = []
-    if len(body) > BODY_MAX_CHARS:
-        problems.append(f"SKILL.md body is {len(body)} characters (budget {BODY_MAX_CHARS})")
+    size = len(body.encode("utf-8"))  # UTF-8 bytes: the stricter count (CJK and dashes take 2-3 each)
+    if size > BODY_MAX_CHARS:
+        problems.append(f"SKILL.md body is {size} bytes (budget {BODY_MAX_CHARS})")
     lines = body.count("\n")
     if lines > BODY_MAX_LINES:
         problems.append(f"SKILL.md body is {lines} lines (budget {BODY_MAX_LINES})")

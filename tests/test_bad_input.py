@@ -273,6 +273,18 @@ CASES = [
     ("scripts/reconcile.py", ["{file}", "--base", "{missing}"], nothing, 2, "--base"),
     ("scripts/reconcile.py", ["{missing}"], nothing, 2, "document not found"),
     ("scripts/reconcile.py", ["{doc}"], lambda tmp: {"doc": put(tmp / "doc.md", b"acc \xff 76.1\n")}, 2, "cannot read"),
+    # render_job.py
+    ("scripts/render_job.py", ["{file}"], nothing, 2, "required: --to"),
+    ("scripts/render_job.py", ["{missing}", "--to", "slurm"], nothing, 2, "no such request file"),
+    ("scripts/render_job.py", ["{file}", "--to", "slurm"], nothing, 2, "is not valid JSON"),
+    ("scripts/render_job.py", ["{file}", "--to", "nomad"], nothing, 2, "invalid choice"),
+    ("scripts/render_job.py", ["{req}", "--to", "k8s-job"],
+     lambda tmp: {"req": put(tmp / "req.json", {"name": "a", "command": ["t.py"], "workdir": "/w",
+                                               "resources": {"nodes": 1, "time_limit_minutes": 10},
+                                               "outputs": {"durable_dir": "/d", "roster": ["f"]}})},
+     2, "needs outputs.pvc"),
+    ("scripts/render_job.py", ["{req}", "--to", "slurm", "--out", "{dir}"],
+     lambda tmp: {"req": put(tmp / "req.json", {"name": "a"})}, 2, "is a directory"),
     # install_skill.py (HOME is the test's own folder)
     ("scripts/install_skill.py", ["--target", ""], nothing, 2, "empty path"),
     ("scripts/install_skill.py", ["--target", "{file}"], nothing, 2, "is not a directory"),

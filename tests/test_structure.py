@@ -77,7 +77,7 @@ def test_budget_catches_a_long_body(tree):
     skill = tree / "SKILL.md"
     skill.write_text(skill.read_text() + ("padding line\n" * 1000))
     problems = sc.check_budget(tree)
-    assert any("characters" in p for p in problems) and any("lines" in p for p in problems)
+    assert any("bytes (budget" in p for p in problems) and any("lines" in p for p in problems)
 
 
 # --- links, anchors, reachability ---------------------------------------------------------------
