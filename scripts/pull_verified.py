@@ -29,8 +29,9 @@ What it does, in order:
   4. on success writes PULL_MANIFEST.json (the fetched bytes) and PULL_VERIFIED.json into staging
      and renames staging to DEST/<run_id>/ in one step.
 
-If DEST/<run_id>/ exists already: the same files (same manifest) -> exit 0, nothing done; anything
-else -> exit 3, nothing overwritten. One pull per run id at a time (a lock file in DEST).
+If DEST/<run_id>/ exists already: the same files (same manifest), every one re-hashed and still
+matching -> exit 0, nothing done; anything else (a different pull, a file changed even by one byte)
+-> exit 3, nothing overwritten. One pull per run id at a time (a lock file in DEST).
 
 Output: one line per problem (FAIL <code>: <path>: <detail>) and a verdict on stdout, or --json;
 rsync's progress and hashing progress on stderr when stderr is a terminal.
@@ -41,7 +42,8 @@ Exit codes:
        pull running); staging is kept for the next run, nothing is promoted
   2    usage or bad environment (bad flags or --source, a forced transport missing, DEST not creatable)
   3    refused: DEST/<run_id>/ exists with different or damaged content
-  130  interrupted (Ctrl-C / SIGTERM); re-run the same command to continue
+  130  interrupted (Ctrl-C / SIGTERM / SIGHUP); re-run the same command to continue. The transfer
+       process dies with this one (Linux: even after kill -9) and holds the pull's lock while alive
 """
 from __future__ import annotations
 
@@ -227,17 +229,23 @@ def _stat_number(text: str, label: str):
         return None
 
 
+def child_options(keep_fds=()):
+    """Popen options for a transport child: it dies with us (even after kill -9, on Linux) and holds the
+    pull's lock fd, so a second pull sees "busy" until an orphan that outlived us is gone too."""
+    return {"preexec_fn": core.die_with_parent(), "pass_fds": keep_fds}
+
+
 class RsyncRun:
     """Run rsync in the foreground; forward its progress; survive Ctrl-C/SIGTERM by stopping it cleanly."""
 
-    def __init__(self, argv, show_progress: bool):
-        self.argv, self.show_progress = argv, show_progress
+    def __init__(self, argv, show_progress: bool, keep_fds=()):
+        self.argv, self.show_progress, self.keep_fds = argv, show_progress, tuple(keep_fds)
         self.proc = None
 
     def run(self) -> dict:
         started = time.monotonic()
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, **child_options(self.keep_fds))
         err_chunks = []
         reader = threading.Thread(target=lambda: err_chunks.append(self.proc.stderr.read()), daemon=True)
         reader.start()
@@ -299,8 +307,9 @@ class TarRun:
     unpacked here member by member. Resumable per file: a staging file that already has the manifest's
     size and SHA-256 is not asked for again; a file cut off mid-stream is never left under its name."""
 
-    def __init__(self, host, root, staging, manifest, rsh, jobs):
+    def __init__(self, host, root, staging, manifest, rsh, jobs, keep_fds=()):
         self.host, self.root, self.staging, self.rsh, self.jobs = host, root, staging, rsh, jobs
+        self.keep_fds = tuple(keep_fds)
         self.entries = {e["path"]: e for e in manifest["files"]}
         self.proc = None
 
@@ -333,7 +342,8 @@ class TarRun:
         argv, cwd = self.argv()
         err = tempfile.TemporaryFile()
         try:
-            self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+            self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                         **child_options(self.keep_fds))
         except OSError as exc:
             result.update(rc=127, stderr_tail=["cannot run %s: %s" % (argv[0], exc.strerror or exc)])
             return result
@@ -417,7 +427,7 @@ def remote_has(host, rsh, program):
 
 # ---------------------------------------------------------------- existing destination
 
-def check_existing(final: str, raw_sha: str, manifest: dict):
+def check_existing(final: str, raw_sha: str, manifest: dict, jobs: int = 1, progress: bool = False):
     """DEST/<run_id> exists: (0, msg) when it holds these very files, else (3, reason)."""
     marker_path = os.path.join(final, VERIFIED_NAME)
     try:
@@ -438,15 +448,16 @@ def check_existing(final: str, raw_sha: str, manifest: dict):
     if not same:
         return 3, (f"{final} holds a different pull of run {manifest['run_id']} (its files differ from the "
                    "node's manifest); refusing to overwrite - move it aside or pull into another --dest")
-    for entry in manifest["files"]:
-        try:
-            size = os.lstat(os.path.join(final, entry["path"])).st_size
-        except OSError:
-            return 3, f"{final} was verified before but {entry['path']} is gone now; move it aside and pull again"
-        if size != entry["size"]:
-            return 3, f"{final} was verified before but {entry['path']} changed size; move it aside and pull again"
+    # Re-hash: a same-size change (bit rot, an edit, a bad disk) must not pass as "already verified".
+    damaged, _ = verify_tree(final, manifest, jobs, skip_partial=False, label="re-verifying the existing copy",
+                             progress=progress)
+    if damaged:
+        named = "; ".join(f"{p['path']}: {p['code']}" for p in damaged[:5])
+        more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
+        return 3, (f"{final} was verified before but no longer matches its manifest ({named}{more}); "
+                   "move it aside and pull again")
     note = "same manifest" if kept_sha == raw_sha else "manifest rebuilt on the node, same files"
-    return 0, f"ALREADY pulled and verified: {final} ({note}); nothing to do"
+    return 0, f"ALREADY pulled and verified: {final} ({note}, every file re-hashed); nothing to do"
 
 
 # ---------------------------------------------------------------- main
@@ -547,7 +558,8 @@ def main(argv=None) -> int:
         print(f"pull_verified: cannot create --dest {dest}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if os.path.lexists(final):
-        code, message = check_existing(final, raw_sha, manifest)
+        code, message = check_existing(final, raw_sha, manifest, args.jobs,
+                                       progress=sys.stderr.isatty() and not args.json)
         summary.update({"ok": code == 0, "status": "already" if code == 0 else "refused"})
         if code:
             summary["problems"] = [problem("exists", final, message)]
@@ -563,7 +575,9 @@ def main(argv=None) -> int:
         emit(args, summary, ["NOT STARTED: wait for the other pull to finish, then re-run"])
         return 1
 
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    held = (lock_handle.fileno(),)
+    # SIGHUP too: a closed terminal or a dropped ssh session must stop the transfer cleanly, not orphan it
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     rsync_job = None
     started = time.monotonic()
     try:
@@ -580,7 +594,7 @@ def main(argv=None) -> int:
         print(f"pulling {manifest['file_count']} files ({human(manifest['total_bytes'])}) of run {run_id} "
               f"from {summary['source']} into {staging} ({transport})", file=sys.stderr)
         if transport == "tar":
-            rsync_job = TarRun(host, root, staging, manifest, args.rsh, args.jobs)
+            rsync_job = TarRun(host, root, staging, manifest, args.rsh, args.jobs, keep_fds=held)
             transfer = rsync_job.run()
         else:
             fd, list_file = tempfile.mkstemp(dir=dest, prefix=f".pull-{run_id}.", suffix=".list")
@@ -589,7 +603,7 @@ def main(argv=None) -> int:
                 handle.write(b"".join(b"./" + p.encode("utf-8") + b"\0" for p in paths))
             try:
                 rsync_job = RsyncRun(rsync_argv(rsync, host, root, staging, list_file, args.rsh, args.bwlimit, show),
-                                     show)
+                                     show, keep_fds=held)
                 transfer = rsync_job.run()
             finally:
                 os.unlink(list_file)

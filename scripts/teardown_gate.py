@@ -5,12 +5,10 @@ Local side. Run it after pull_verified.py and BEFORE you terminate, destroy or r
 It passes only when all of these hold:
   1. DEST/<run_id>/PULL_VERIFIED.json belongs to the PULL_MANIFEST.json kept beside it;
   2. the node's CURRENT files are exactly the files that were pulled (same paths, sizes, SHA-256).
-     With --source the manifest is recomputed on the node now: our build_pull_manifest.py is streamed
-     to `python3 -` over ssh (or run locally for a local ROOT) with the roster and run id recorded in
-     the pulled manifest, writing nothing on the node; so a file changed, added or deleted after the
-     pull is caught even when nobody rebuilt the stored manifest. --fetch-only compares with the stored
-     manifest instead (faster on huge results, blind to changes made after it was built);
-     --manifest PATH compares with a local copy of it;
+     The manifest is always recomputed on the node now, never taken from a stored or local copy: our
+     build_pull_manifest.py is streamed to `python3 -` over ssh (or run locally for a local ROOT) with
+     the roster and run id recorded in the pulled manifest, writing nothing on the node; so a file
+     changed, added or deleted after the pull is caught even when nobody rebuilt the stored manifest;
   3. every pulled file still verifies locally (re-hashed; no missing, extra or changed files);
   4. each --load-check command exits 0 for every pulled file matching --load-glob (default: *.pt,
      *.pth, *.ckpt, *.safetensors at any depth). "{}" in the command becomes the file's path; the
@@ -21,8 +19,7 @@ On a pass it prints the profile's meter-stop action, what that destroys and what
 
 Usage:
   teardown_gate.py --pulled DEST/<run_id> --profile NAME
-                   (--source [HOST:]ROOT [--rsh "ssh -F cfg"] [--fetch-only [--remote-manifest NAME]]
-                    | --manifest PATH)
+                   --source [HOST:]ROOT [--rsh "ssh -F cfg"]
                    [--load-check "CMD {}"]... [--inspect] [--load-glob GLOB]... [--load-timeout S] [--jobs N]
                    [--json]
 
@@ -124,7 +121,7 @@ def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) 
         raise pv.FetchError(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
     errors = []
 
-    def relay():  # show the node's hashing progress, keep its FAIL lines for the reasons
+    def relay():  # the one reader of stderr: show the node's hashing progress, keep its FAIL lines
         for raw in proc.stderr:
             line = raw.decode("utf-8", "replace")
             errors.append(line.strip())
@@ -132,8 +129,19 @@ def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) 
 
     reader = threading.Thread(target=relay, daemon=True)
     reader.start()
-    out, _ = proc.communicate(payload)
-    reader.join(5)
+    if payload is not None:  # `python3 -` reads the whole program before it prints anything
+        try:
+            proc.stdin.write(payload)
+        except OSError:
+            pass             # ssh died early: its exit code and stderr say why
+        finally:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+    out = proc.stdout.read()
+    proc.wait()
+    reader.join()            # stderr hits EOF once every holder of it has exited
     if proc.returncode != 0:
         fails = [e for e in errors if e.startswith("FAIL")] or errors[-2:] or [f"exit {proc.returncode}"]
         where = f"on {host}" if host else "locally"
@@ -195,6 +203,8 @@ def run_load_checks(pulled_dir: str, manifest: dict, templates, globs, timeout: 
                                                                  + (f": {last}" if last else "")))
             except FileNotFoundError:
                 reasons.append(pv.problem("load-check", rel, f"command not found: {tokens[0]!r}"))
+            except OSError as exc:  # not executable, a directory, a name too long: the check did not run
+                reasons.append(pv.problem("load-check", rel, f"cannot run {tokens[0]!r}: {exc.strerror or exc}"))
             except subprocess.TimeoutExpired:
                 reasons.append(pv.problem("load-check", rel, f"`{template}` ran longer than {timeout:.0f} s"))
             results.append(entry)
@@ -208,15 +218,9 @@ def parse_args(argv):
                     "Never tears down.",
         epilog="Exit: 0 pass (prints the meter-stop action), 2 usage, 3 refused with every reason.")
     parser.add_argument("--pulled", required=True, help="the promoted pull, DEST/<run_id>")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--source", help="[HOST:]ROOT on the node, as given to pull_verified.py")
-    where.add_argument("--manifest", help="the node's current manifest as a local file")
+    parser.add_argument("--source", required=True, help="[HOST:]ROOT on the node, as given to pull_verified.py; "
+                                                         "its files are re-hashed there now")
     parser.add_argument("--rsh", help='remote shell, e.g. "ssh -F cfg"')
-    parser.add_argument("--remote-manifest", default=pv.MANIFEST_NAME,
-                        help=f"manifest name under ROOT for --fetch-only (default {pv.MANIFEST_NAME})")
-    parser.add_argument("--fetch-only", action="store_true",
-                        help="compare with the manifest stored on the node instead of re-hashing the node's "
-                             "files now (faster; misses changes made after that manifest was built)")
     parser.add_argument("--profile", required=True, help="platform profile id (profiles/<id>.md)")
     parser.add_argument("--load-check", action="append", default=[], metavar="CMD",
                         help='command run per checkpoint, "{}" = its path (repeatable)')
@@ -235,9 +239,9 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        if args.fetch_only and not args.source:
-            raise UsageError("--fetch-only needs --source")
-        host, root = pv.parse_source(args.source) if args.source else (None, None)
+        if not args.source.strip():
+            raise UsageError("--source is empty")
+        host, root = pv.parse_source(args.source)
         if args.rsh is not None:
             pv.rsh_argv(args.rsh)
         for template in args.load_check:
@@ -254,8 +258,6 @@ def main(argv=None) -> int:
         if not os.path.isdir(pulled):
             raise UsageError(f"--pulled {args.pulled} is not a directory"
                              + ("" if os.path.exists(pulled) else " (it does not exist)"))
-        if args.manifest is not None and not os.path.isfile(os.path.expanduser(args.manifest)):
-            raise UsageError(f"--manifest {args.manifest} is not a file")
         profile, index_info = gate_profile(args.profile)
     except (UsageError, pv.UsageError, ValueError) as exc:
         print(f"teardown_gate: {exc}", file=sys.stderr)
@@ -286,21 +288,10 @@ def main(argv=None) -> int:
     if pulled_manifest is not None:
         verdict.update({"run_id": pulled_manifest["run_id"], "file_count": pulled_manifest["file_count"],
                         "total_bytes": pulled_manifest["total_bytes"]})
+        mode = "re-hashed on the node now"
         try:
-            if args.manifest:
-                mode = "local manifest file"
-                with open(os.path.expanduser(args.manifest), "rb") as handle:
-                    current_raw = handle.read()
-            elif args.fetch_only:
-                mode = "stored manifest fetched; node files not re-hashed"
-                current_raw = pv.fetch_manifest(host, root, args.remote_manifest, args.rsh)
-            else:
-                mode = "re-hashed on the node now"
-                current_raw = rebuild_manifest(host, root, args.rsh, pulled_manifest["roster"],
-                                               pulled_manifest["run_id"], pulled_manifest.get("allow_empty", []))
-        except OSError as exc:
-            reasons.append(pv.problem("node", args.manifest, f"cannot read: {exc.strerror or exc}"))
-            current_raw = None
+            current_raw = rebuild_manifest(host, root, args.rsh, pulled_manifest["roster"],
+                                           pulled_manifest["run_id"], pulled_manifest.get("allow_empty", []))
         except pv.FetchError as exc:
             reasons.append(pv.problem("node", args.source, str(exc)))
             current_raw = None

@@ -445,13 +445,13 @@ def test_gate_refuses_stale_pull(sshd_server, node, tmp_path, profile_env):
     assert re.search(r"^REASON stale: final\.json: changed on the node since the pull", done.stdout, re.M)
     assert re.search(r"^REASON stale: ckpt/epoch_3\.pt: on the node but not in the pull", done.stdout, re.M)
     assert "did NOT" in done.stdout and PROFILE["billing"]["meter_stop_action"] not in done.stdout
-    # --fetch-only trusts the stored manifest: it cannot see the change until the manifest is rebuilt ...
-    weak = gate(dest / RUN, profile_env, *source, "--fetch-only")
-    assert weak.returncode == 0 and "not re-hashed" in weak.stdout
-    # ... after which it refuses too.
+    # Rebuilding the stored manifest changes nothing: the gate never trusts a stored or local manifest.
     assert build(node).returncode == 0
-    rebuilt = gate(dest / RUN, profile_env, *source, "--fetch-only")
-    assert rebuilt.returncode == 3 and "REASON stale: final.json" in rebuilt.stdout
+    again = gate(dest / RUN, profile_env, *source)
+    assert again.returncode == 3 and "REASON stale: final.json" in again.stdout
+    for removed in ("--fetch-only", "--manifest"):
+        refused = gate(dest / RUN, profile_env, *source, removed, *(["x"] if removed == "--manifest" else []))
+        assert refused.returncode == 2 and "unrecognized arguments" in refused.stderr
 
 
 def test_gate_refuses_damaged_local_copy(node, tmp_path, profile_env):
@@ -470,7 +470,7 @@ def test_gate_load_checks(node, tmp_path, profile_env):
     checker.write_text("import sys\n"
                        "data = open(sys.argv[1], 'rb').read(6)\n"
                        "sys.exit(0 if data == b'\\x80\\x02GOOD' else 'bad header: %r' % data)\n")
-    manifest = ("--manifest", str(node / "PULL_MANIFEST.json"))
+    manifest = ("--source", str(node))
     ok = gate(dest / RUN, profile_env, *manifest, "--load-check", f"{sys.executable} {checker} {{}}")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "2 load-check(s) passed" in ok.stdout
@@ -500,9 +500,9 @@ def test_gate_reads_the_generated_profile_index(node, tmp_path):
 def test_gate_refuses_without_verified_pull_and_rejects_unknown_profile(node, tmp_path, profile_env):
     bare = tmp_path / "copied-by-hand" / RUN
     bare.mkdir(parents=True)
-    done = gate(bare, profile_env, "--manifest", str(node / "PULL_MANIFEST.json"))
+    done = gate(bare, profile_env, "--source", str(node))
     assert done.returncode == 3 and "not a verified pull" in done.stdout
-    unknown = run(GATE, "--pulled", bare, "--profile", "no-such-cloud", "--manifest", str(node / "PULL_MANIFEST.json"),
+    unknown = run(GATE, "--pulled", bare, "--profile", "no-such-cloud", "--source", str(node),
                   env=profile_env)
     assert unknown.returncode == 2 and "unknown --profile" in unknown.stderr and "Traceback" not in unknown.stderr
 

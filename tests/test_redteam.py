@@ -28,8 +28,7 @@ elsewhere are listed here with that test's name and not repeated:
  22  test_run_one.py::test_finding_22_unwritable_durable_results_dir_is_refused_at_launch
  23  (Python 3.6 part) test_bad_input.py::test_finding_23_python36_node_gets_one_line_not_a_traceback
 
-The tests below cover 16-19 and 23-26. Those whose fix belongs in a file another session is editing
-(pull_verified.py, teardown_gate.py) are strict xfails naming the fix.
+The tests below cover 16-19 and 23-26.
 """
 import json
 import os
@@ -78,8 +77,6 @@ def pids_with(*needles):
 
 # ---------------------------------------------------------------- 16: "ALREADY verified" on a corrupted copy
 
-@pytest.mark.xfail(strict=True, reason="finding 16: check_existing compares sizes only; fix in "
-                                       "scripts/pull_verified.py (re-hash DEST/<run_id> with verify_tree)")
 def test_finding_16_already_pulled_copy_is_rehashed(node, tmp_path):
     dest = tmp_path / "pulled"
     assert pull(str(node), dest).returncode == 0
@@ -92,9 +89,6 @@ def test_finding_16_already_pulled_copy_is_rehashed(node, tmp_path):
 
 # ---------------------------------------------------------------- 17: kill -9 of the puller orphans rsync
 
-@pytest.mark.xfail(strict=True, reason="finding 17: rsync outlives a killed puller; fix in scripts/pull_verified.py "
-                                       "(RsyncRun: PR_SET_PDEATHSIG / own group killed on exit, SIGHUP handled, "
-                                       "lock held by an fd rsync inherits)")
 def test_finding_17_killing_the_puller_kills_its_rsync(sshd_server, tmp_path):
     need("rsync")
     root = make_results(tmp_path / "node" / "results")
@@ -146,9 +140,6 @@ class _LateThread(threading.Thread):
         super().run()
 
 
-@pytest.mark.xfail(strict=True, reason="finding 18: relay() and communicate() both read the node's stderr; fix in "
-                                       "scripts/teardown_gate.py rebuild_manifest (one reader of stderr: read "
-                                       "stdout in the thread, or communicate() and relay the stderr it returns)")
 def test_finding_18_the_gate_keeps_the_nodes_fail_reason(node, tmp_path, profile_env, monkeypatch, capsys):
     sys.path.insert(0, str(SCRIPTS))
     import teardown_gate
@@ -195,9 +186,6 @@ def test_finding_23_install_skill_over_long_project_is_one_line_exit_2(tmp_path)
 
 @pytest.mark.parametrize("case", ["empty-source", "load-check-not-executable", "load-check-directory",
                                   "load-check-long-name"])
-@pytest.mark.xfail(strict=True, reason="finding 23: exit 1 'unexpected ...' instead of a documented code; fix in "
-                                       "scripts/teardown_gate.py (reject an empty --source as a usage error; "
-                                       "catch OSError around the load-check run as a load-check reason)")
 def test_finding_23_teardown_gate_bad_input_keeps_the_exit_contract(node, tmp_path, profile_env, case):
     dest = tmp_path / "pulled"
     assert pull(str(node), dest).returncode == 0
@@ -236,16 +224,17 @@ def test_finding_24_node_without_rsync_falls_back_to_tar(sshd_server, node, tmp_
 
 # ---------------------------------------------------------------- 25: the gate trusts a manifest it holds
 
-@pytest.mark.xfail(strict=True, reason="finding 25: --manifest <the pull's own PULL_MANIFEST.json> passes without the "
-                                       "node; fix in scripts/teardown_gate.py (refuse a --manifest that resolves "
-                                       "inside --pulled, or whose bytes equal the pulled manifest)")
 def test_finding_25_gate_refuses_the_pulls_own_manifest(node, tmp_path, profile_env):
     dest = tmp_path / "pulled"
     assert pull(str(node), dest).returncode == 0
     own = dest / RUN / "PULL_MANIFEST.json"
     done = run(GATE, "--pulled", dest / RUN, "--profile", "examplecloud", "--manifest", own, env=profile_env)
-    assert done.returncode != 0, done.stdout
-    assert "PASS" not in done.stdout
+    assert done.returncode == 2 and "PASS" not in done.stdout, done.stdout
+    # The only way to a PASS is the node's files re-hashed now: a file the node lost after the pull refuses,
+    # though the stored manifest on the node still lists it.
+    (node / "final.json").unlink()
+    refused = run(GATE, "--pulled", dest / RUN, "--profile", "examplecloud", "--source", node, env=profile_env)
+    assert refused.returncode == 3 and "REASON" in refused.stdout, refused.stdout
 
 
 # ---------------------------------------------------------------- 26: install_skill copying itself
@@ -261,3 +250,5 @@ def test_finding_26_install_into_a_carried_folder_is_refused(tmp_path, inside):
     assert done.returncode == 2, done.stderr[:500]
     assert done.stderr.count("\n") == 1 and len(done.stderr) < 1000
     assert sorted(str(p) for p in checkout.rglob("*")) == before, "the refused install left files behind"
+
+

@@ -17,6 +17,8 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
   deadman_state                      what watches a run dir: ARMED, DOWN, FIRED, DISARMED, EXITED, NONE
   run_bounded                        an external command with a hard timeout that holds even when
                                      the command leaves detached children holding its output
+  die_with_parent                    a Popen preexec_fn: the child gets SIGTERM when we die, even by
+                                     SIGKILL (Linux prctl; a no-op elsewhere)
   Parser / run_main / die            one-line errors with one prefix and the exit-code contract
   arg_number                         an argparse type for a bounded finite number (nan/inf refused)
   check_toolkit / toolkit_version    the node folder's version stamp (VERSION.json)
@@ -496,6 +498,31 @@ def run_bounded(argv, timeout, env=None, cwd=None, max_output=65536, kill_grace=
         out.seek(0)
         text = out.read(max_output).decode("utf-8", "replace")
     return Bounded(None if timed_out else proc.returncode, timed_out, text, seconds)
+
+
+def _parent_death_setter(sig):
+    """Resolve prctl in the parent (no dlopen after fork); None where there is no prctl."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def arm():
+        prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:    # the parent died between fork and prctl: nobody will signal us
+            os._exit(1)
+    return arm
+
+
+def die_with_parent(sig=signal.SIGTERM):
+    """A preexec_fn for a child that must not outlive us (an rsync writing into our staging dir after
+    the puller was killed -9 would race the next pull). Only the direct child is covered; its own
+    children notice their parent going away through the pipes it held. None where unsupported."""
+    return _parent_death_setter(sig)
 
 
 # ---------------------------------------------------------------- hashing
