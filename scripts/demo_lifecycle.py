@@ -134,20 +134,24 @@ class Demo:
         ckpts = sorted(p.name for p in (self.job_dir / "ckpt").iterdir() if "ckpt" in p.name or p.suffix == ".pt")
         self.phase("interrupt", f"SIGTERM → checkpoint saved, job exit {saved.get('exit_code')}; "
                                 f"checkpoints on disk: {', '.join(ckpts[-2:]) or 'none'}")
-        self.py("deadman.py", "ack", "--run-dir", run1, "--disarm")
-
-        run2 = self.node / "runs" / "demo-2"
-        self.launch("demo-2")
-        code, st = self.wait_for(run2, lambda c, s: c in (0, 1), "the resumed job to finish", timeout=90)
+        # Attempt 2 in the same run dir: the recorded launch replayed (what `rgt.py resume` runs on the node);
+        # attempt 1's dead-man, still armed, hands the run over to the one attempt 2 arms.
+        old_dm = json.loads((run1 / "deadman.json").read_text()).get("pid")
+        resumed = json.loads(self.py("boot_resume.py", "--run", run1, "--json").stdout)
+        code, st = self.wait_for(run1, lambda c, s: c in (0, 1) and s.get("attempt") == 2,
+                                 "attempt 2 to finish", timeout=90)
         if code != 0:
-            raise PhaseFailed(f"resumed run ended {st.get('state')}: see {run2 / 'job.log'}")
+            raise PhaseFailed(f"attempt 2 ended {st.get('state')}: see {run1 / 'job.log'}")
         final = json.loads((self.job_dir / "ckpt" / "final.json").read_text())
-        sync = json.loads((run2 / "status.json").read_text()).get("sync") or {}
+        sync = json.loads((run1 / "status.json").read_text()).get("sync") or {}
         if not sync.get("verified"):
             raise PhaseFailed(f"the durable sync did not verify: {sync.get('error')}")
-        self.phase("resume", f"restarted from step {final.get('resumed_from')}, finished {final.get('steps_done')}"
-                             f"/{STEPS}; {sync.get('file_count')} files synced to durable and hash-verified")
-        self.py("deadman.py", "ack", "--run-dir", run2, "--disarm")
+        new_dm = json.loads((run1 / "deadman.json").read_text()).get("pid")
+        self.phase("resume", f"attempt {resumed.get('attempt')} in the same run dir restarted from step "
+                             f"{final.get('resumed_from')}, finished {final.get('steps_done')}/{STEPS}; dead-man "
+                             f"handed over (pid {old_dm} -> {new_dm}); {sync.get('file_count')} files synced to "
+                             "durable and hash-verified")
+        self.py("deadman.py", "ack", "--run-dir", run1, "--disarm")
 
         results = Path(sync["results_dir"])
         man = json.loads((results / "PULL_MANIFEST.json").read_text())
@@ -156,17 +160,17 @@ class Demo:
 
         pulled = self.laptop / "pulled"
         self.py("pull_verified.py", "--source", results, "--dest", pulled, "--json")
-        verified = json.loads((pulled / "demo-2" / "PULL_VERIFIED.json").read_text())
-        self.phase("pull", f"staged, then promoted to {pulled / 'demo-2'}")
+        verified = json.loads((pulled / "demo-1" / "PULL_VERIFIED.json").read_text())
+        self.phase("pull", f"staged, then promoted to {pulled / 'demo-1'}")
         self.phase("verify", f"{verified.get('file_count')} files match the manifest "
                              f"(manifest sha256 {str(verified.get('manifest_sha256'))[:12]}…)")
 
         # The gate re-hashes the node's files now; change one byte there after the pull and it must refuse.
-        gate = self.py("teardown_gate.py", "--pulled", pulled / "demo-2", "--source", results, "--profile", "local")
+        gate = self.py("teardown_gate.py", "--pulled", pulled / "demo-1", "--source", results, "--profile", "local")
         victim = next(results / e["path"] for e in man["files"] if e["path"].endswith(".jsonl"))
         original = victim.read_bytes()
         victim.write_bytes(original[:-2] + (b"0" if original[-2:-1] != b"0" else b"1") + original[-1:])
-        stale = self.py("teardown_gate.py", "--pulled", pulled / "demo-2", "--source", results,
+        stale = self.py("teardown_gate.py", "--pulled", pulled / "demo-1", "--source", results,
                         "--profile", "local", expect=(3,))
         victim.write_bytes(original)
         first = [l for l in gate.stdout.splitlines() if l.strip()][:1]

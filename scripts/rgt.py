@@ -15,6 +15,7 @@ Usage:
   rgt.py [global options] patrol HOST [RID...] [--rate-per-hour X] [--min-free-gb G]
   rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
   rgt.py [global options] ack    HOST RID (--postpone-minutes M | --disarm)
+  rgt.py [global options] resume HOST RID [--max-attempts N] [--give-up-hours H] [--dry-run]
   rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar]
   rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect]
   rgt.py [global options] ledger [--all]
@@ -38,6 +39,11 @@ output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); t
 last `--` are the job. With one `--` only, all of it is the job. The run dir is
 DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
 DURABLE_DIR/results/RID; later commands find both in the ledger.
+
+resume: after a preemption or a failed attempt, relaunch the run's recorded launch in the same run dir as
+attempt N+1 (boot_resume.py --run on the node): its resume adapters pick the newest good checkpoint, the
+last attempt's dead-man hands over to the new one. Refused (exit 3) while an attempt is still live, for a
+succeeded run, or past the attempt cap (--max-attempts overrides the launch's) or --give-up-hours.
 
 gate: the teardown gate with our checkpoint inspector on every pulled checkpoint (--no-inspect skips
 that part; the byte-for-byte match with the node is never skipped).
@@ -404,6 +410,39 @@ def cmd_ack(args, ssh):
     return res.returncode
 
 
+def cmd_resume(args, ssh):
+    rid = check_run_id(args.run_id)
+    run_dir, _r, profile = run_paths(args, rid)
+    argv = ["python3", node_tool(args, "boot_resume.py"), "--run", run_dir, "--json"]
+    if args.max_attempts is not None:
+        argv += ["--max-attempts", str(args.max_attempts)]
+    if args.give_up_hours is not None:
+        argv += ["--give-up-hours", str(args.give_up_hours)]
+    argv += ["--dry-run"] if args.dry_run else []
+    res = checked(ssh.run(remote_command(argv), timeout=700), "resume")
+    try:
+        result = json.loads(text(res.stdout))
+    except ValueError:
+        sys.stderr.write(text(res.stderr))
+        raise core.CheckFailed("boot_resume.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
+    if not args.dry_run:
+        ledger_append(ledger_path(args.ledger), event="resume", host=args.host, run_id=rid, profile=profile,
+                      run_dir=run_dir, attempt=result.get("attempt"),
+                      state="launched" if result.get("action") == "resumed" and result.get("ok") else
+                      "resume_" + str(result.get("action")), rc=res.returncode)
+    if args.json:
+        core.emit_json(result)
+    else:
+        line = "%s %s: %s" % (core.OK if result.get("ok") else core.FAIL, rid, result.get("action"))
+        line += (" (%s)" % result["why"]) if result.get("why") else " as attempt %s" % result.get("attempt")
+        print(line)
+        if result.get("detail"):
+            print("node: %s" % " ".join(result["detail"]))
+        if result.get("action") == "resumed" and result.get("ok"):
+            print("watch:      python3 scripts/rgt.py status %s %s" % (args.host, rid))
+    return res.returncode
+
+
 PATROL_ESCALATE = 10
 PATROL_MARK = "@@rgt-exit "
 BAD_STATES = ("stalled", "failed", "sync_failed", "deadman_fired")
@@ -600,6 +639,10 @@ def build_parser():
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--postpone-minutes", type=float)
     g.add_argument("--disarm", action="store_true")
+    p = host_cmd("resume", "relaunch a preempted or failed run as its next attempt", run_id=True)
+    p.add_argument("--max-attempts", type=int, help="attempt cap for this resume (default: the launch's, 3)")
+    p.add_argument("--give-up-hours", type=float, help="refuse once the first attempt started longer ago (48)")
+    p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
     p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)
     p.add_argument("--dest", default="pulled")
     p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto")
@@ -621,7 +664,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     args.rest = rest
     if not args.command:
-        raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, pull, gate, ledger")
+        raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, resume, pull, gate, "
+                              "ledger")
     if rest and args.command not in ("probe", "launch"):
         raise core.UsageError("'--' is only for probe and launch")
     if args.command == "ledger":

@@ -193,3 +193,58 @@ def test_boot_resume_after_a_simulated_restart(tmp_path, box, opted_in):  # noqa
     again = subprocess.run([sys.executable, str(NODE / "boot_resume.py"), "--runs-dir", str(box.durable / "runs")],
                            env=box.env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "no unfinished run" in again.stdout
+
+
+def boot_resume(env, *args):
+    res = subprocess.run([sys.executable, str(NODE / "boot_resume.py"), *map(str, args), "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    return res.returncode, (json.loads(res.stdout) if res.stdout.strip() else {}), res.stderr
+
+
+def test_explicit_resume_refuses_a_live_attempt_then_hands_the_dead_man_over(tmp_path, box):  # noqa: F811
+    (box.work / "train.py").write_text(PERIODIC)
+    gate = tmp_path / "hold"
+    gate.write_text("hold")
+    env = dict(box.env, GATE_FILE=str(gate))
+    opts = ["--resume-glob", "out/*.pt", "--resume-arg", "--resume {}", "--deadman-dry-run", "--output", "out/*",
+            "--grace-minutes", "30"]
+    argv = ["bash", str(NODE / "run_one.sh"), "--profile", "testbox", "--run-id", "again", *opts, "--",
+            sys.executable, "train.py"]
+    assert subprocess.run(argv, cwd=str(box.work), env=env, capture_output=True, text=True,
+                          timeout=120).returncode == 0
+    run_dir = box.run_dir("again")
+    assert wait_for(lambda: (box.work / "out" / "ckpt.pt").exists(), 90)
+
+    # attempt 1 is live: a second live attempt is never started
+    code, live, _ = boot_resume(env, "--run", run_dir)
+    assert code == 3 and live["action"] == "refused" and "still live" in live["why"], live
+    assert read(run_dir / "status.json")["attempt"] == 1 and not (run_dir / "previous").exists()
+
+    # preemption: SIGTERM to the supervisor; the run fails, its dead-man stays armed (grace 30 min)
+    os.kill(read(run_dir / "status.json")["supervisor_pid"], signal.SIGTERM)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") == "failed", 90)
+    first_deadman = read(run_dir / "deadman.json")["pid"]
+    assert os.path.exists("/proc/%d" % first_deadman)
+
+    for capped in (["--max-attempts", "1"], ["--give-up-hours", "1e-6"]):
+        code, refused, _ = boot_resume(env, "--run", run_dir, *capped)
+        assert code == 3 and refused["action"] == "refused", (capped, refused)
+    code, dry, _ = boot_resume(env, "--run", run_dir, "--dry-run")
+    assert code == 0 and dry["action"] == "would resume" and read(run_dir / "status.json")["attempt"] == 1
+
+    gate.unlink()
+    code, done, err = boot_resume(env, "--run", run_dir)
+    assert code == 0 and done["action"] == "resumed" and done["attempt"] == 2, (done, err)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") == "succeeded", 120)
+    status = read(run_dir / "status.json")
+    assert status["attempt"] == 2 and status["resume"]["from"] == "out/ckpt.pt"
+    # one dead-man per run: the first one handed over (disarmed, gone), attempt 2 has its own
+    second_deadman = read(run_dir / "deadman.json")["pid"]
+    assert second_deadman != first_deadman
+    assert wait_for(lambda: not os.path.exists("/proc/%d" % first_deadman)
+                    or open("/proc/%d/stat" % first_deadman).read().rsplit(")", 1)[1].split()[0] == "Z", 60)
+    final = (box.work / "out" / "final.txt").read_text().split()    # "from N to 40": resumed, not restarted
+    assert int(final[1]) >= 5 and final[3] == "40", final
+
+    code, finished, _ = boot_resume(env, "--run", run_dir)
+    assert code == 3 and "succeeded" in finished["why"]

@@ -217,7 +217,12 @@ CASES = [
      nothing, 2, "--util-below"),
     ("scripts/node/idle_watch.py", ["status", "--watch-dir", "{missing}"], nothing, 2, "not a directory"),
     # boot_resume.py
-    ("scripts/node/boot_resume.py", [], nothing, 2, "required: --runs-dir"),
+    ("scripts/node/boot_resume.py", [], nothing, 2, "give --runs-dir (at boot) or --run"),
+    ("scripts/node/boot_resume.py", ["--run", "{missing}"], nothing, 2, "is not a directory"),
+    ("scripts/node/boot_resume.py", ["--run", "{tmp}"], nothing, 2, "is not a run dir"),
+    ("scripts/node/boot_resume.py", ["--runs-dir", "{tmp}", "--max-attempts", "2"], nothing, 2, "needs --run"),
+    ("scripts/node/boot_resume.py", ["--runs-dir", "{tmp}", "--give-up-hours", "nan"], nothing, 2,
+     "--give-up-hours"),
     ("scripts/node/boot_resume.py", ["--runs-dir", "{missing}"], nothing, 2, "not a directory"),
     ("scripts/node/boot_resume.py", ["--runs-dir", "{file}"], nothing, 2, "not a directory"),
     # lookup.py

@@ -25,9 +25,9 @@ def test_demo_runs_every_phase_and_cleans_up(tmp_path):
     assert res.returncode == 0 and report["ok"], res.stderr[-2000:]
     assert [p["phase"] for p in report["phases"]] == PHASES
     resume = next(p for p in report["phases"] if p["phase"] == "resume")["evidence"]
-    assert "restarted from step" in resume and "finished 60/60" in resume
+    assert "restarted from step" in resume and "finished 60/60" in resume and resume.startswith("attempt 2")
     # --keep leaves the evidence: the verified pull and its record
-    verified = json.loads((work / "laptop" / "pulled" / "demo-2" / "PULL_VERIFIED.json").read_text())
+    verified = json.loads((work / "laptop" / "pulled" / "demo-1" / "PULL_VERIFIED.json").read_text())
     assert verified["file_count"] >= 3
     time.sleep(1)
     assert live_deadmen(work) == [], "the demo left a dead-man running"
@@ -50,6 +50,6 @@ def test_demo_runs_on_a_bare_machine_without_rsync_or_tmux(tmp_path):
     report = json.loads(res.stdout)
     assert res.returncode == 0 and report["ok"], res.stderr[-2000:]
     assert [p["phase"] for p in report["phases"]] == PHASES
-    status = json.loads((work / "node" / "runs" / "demo-2" / "status.json").read_text())
+    status = json.loads((work / "node" / "runs" / "demo-1" / "status.json").read_text())
     assert status["detach"] == "setsid"
-    assert (work / "laptop" / "pulled" / "demo-2" / "PULL_VERIFIED.json").exists()
+    assert (work / "laptop" / "pulled" / "demo-1" / "PULL_VERIFIED.json").exists()

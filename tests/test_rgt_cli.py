@@ -115,6 +115,7 @@ def test_a_pushed_box_without_a_run_is_listed_as_possibly_billing(tmp_path, sshd
 
 @pytest.mark.parametrize("args,fragment", [
     (["status", "gpu-box", "no-such-run"], "no launch of run"),
+    (["resume", "gpu-box", "no-such-run"], "no launch of run"),
     (["status", "gpu;box", "r1"], "not an ssh alias"),
     (["status", "-oProxyCommand=x", "r1"], "rgt.py: error:"),  # never reaches ssh as an option
     (["launch", "gpu-box", "--profile", "local", "--run-id", "bad id!", "--", "true"], "run id"),
@@ -163,3 +164,48 @@ def test_patrol_reports_every_open_run_in_one_round_trip_and_escalates(tmp_path,
     assert not verdict["good-1"]["escalate"]
     res = rgt(tmp_path, sshd_server, "patrol", "gpu-box", "good-1", "--min-free-gb", "1000000")
     assert res.returncode == 10 and "disk" in res.stdout  # disk headroom below the floor escalates
+
+
+def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    (work / "hold").write_text("")
+    (work / "fail").write_text("")
+    job = ("import os,time\n"
+           "t = time.monotonic()\n"
+           "while os.path.exists('hold') and time.monotonic() - t < 300: time.sleep(0.1)\n"
+           "if os.path.exists('fail'): raise SystemExit('attempt failed on purpose')\n"
+           "os.makedirs('out', exist_ok=True); open('out/result.txt', 'w').write('done')\n")
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "res-1",
+              "--durable-dir", str(durable), "--cwd", str(work), "--",
+              "--output", "out/*", "--deadman-dry-run", "--poll-seconds", "0.2", "--", "python3", "-c", job)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    def state():
+        return json.loads(rgt(tmp_path, sshd_server, "--json", "status", "gpu-box", "res-1").stdout).get("status")
+
+    live = rgt(tmp_path, sshd_server, "resume", "gpu-box", "res-1")
+    assert live.returncode == 3 and "still live" in live.stdout, live.stdout + live.stderr
+    (work / "hold").unlink()
+    assert wait(lambda: state() == "failed")
+    (work / "fail").unlink()
+    again = rgt(tmp_path, sshd_server, "--json", "resume", "gpu-box", "res-1")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert json.loads(again.stdout)["attempt"] == 2
+    assert wait(lambda: state() == "succeeded")
+    status = json.loads((durable / "runs" / "res-1" / "status.json").read_text())
+    assert status["attempt"] == 2 and (work / "out" / "result.txt").read_text() == "done"
+    events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert [(e["attempt"], e["state"]) for e in events if e["event"] == "resume"] == \
+        [(2, "resume_refused"), (2, "launched")]
+
+
+def wait(predicate, timeout=120.0):
+    import time
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.3)
+    return predicate()

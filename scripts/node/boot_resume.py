@@ -12,18 +12,31 @@ starting/running/stalled/syncing but whose supervisor and job are gone:
   - otherwise, or with no attempts left: the run is marked failed ("the node restarted") and a
     dead-man is armed on it (the run's profile's stop), so the meter stops after the grace period
     unless someone acknowledges.
-Runs with a live supervisor, and finished runs, are left alone.
+Runs with a live supervisor, and finished runs, are left alone. A crash loop cannot bill forever:
+besides --max-attempts, no run is resumed once its first attempt started more than --give-up-hours
+ago (default 48); it is re-armed instead.
+
+--run RUN_DIR resumes that one run now, as its next attempt, whatever its opt-in (the agent's
+explicit resume after a preemption or a failure, `rgt.py resume`): the recorded launch is replayed
+in the job's cwd; a dead-man still armed from the last attempt is disarmed first and its settings
+re-armed if the relaunch fails, so one dead-man watches the run at any time. Refused (exit 3) while
+an attempt is still live (its supervisor or job alive: a second live attempt is never started), for
+a succeeded run, with no recorded launch, or past either cap.
 
 Usage:
-  boot_resume.py --runs-dir DIR [--runs-dir DIR]... [--dry-run] [--json]
+  boot_resume.py --runs-dir DIR [--runs-dir DIR]... [--give-up-hours H] [--dry-run] [--json]
+  boot_resume.py --run RUN_DIR [--max-attempts N] [--give-up-hours H] [--dry-run] [--json]
 
   @reboot  python3 ~/rgt-bin/boot_resume.py --runs-dir /workspace/durable/runs >> ~/rgt/boot.log 2>&1
 
 --dry-run says what it would do and changes nothing. Output: one line per run acted on (or JSON).
 
-Exit codes: 0 every orphaned run was resumed or re-armed (or there was none); 1 something could not
-be done (its line says what); 2 usage.
+--max-attempts N (with --run) overrides the cap recorded at launch (default 3).
+
+Exit codes: 0 every orphaned run was resumed or re-armed (or there was none; with --run: resumed);
+1 something could not be done (its line says what); 2 usage; 3 --run refused (the line says why).
 """
+import glob
 import os
 import sys
 import time
@@ -45,6 +58,29 @@ def orphaned(run_dir):
     if alive:
         return None
     return status, core.read_json(os.path.join(run_dir, "run.json"))
+
+
+def first_started(run_dir, status):
+    """Epoch seconds when the run's first attempt started (earlier attempts' status in previous/)."""
+    stamps = [status.get("started_at")]
+    for old in glob.glob(os.path.join(run_dir, "previous", "*", "status.json")):
+        stamps.append(core.read_json(old).get("started_at"))
+    epochs = [core.parse_iso(s) for s in stamps if isinstance(s, str)]
+    epochs = [e for e in epochs if e is not None]
+    return min(epochs) if epochs else None
+
+
+def over_caps(run_dir, status, run, give_up_hours, max_attempts=None):
+    """Why the run must not get another attempt (a cap reached), else None."""
+    attempt = int(status.get("attempt") or 1)
+    cap = int(max_attempts or run.get("max_attempts") or 3)
+    if attempt >= cap:
+        return "attempt %d of at most %d already used" % (attempt, cap)
+    first = first_started(run_dir, status)
+    if first is not None and time.time() - first > give_up_hours * 3600:
+        return "its first attempt started %.1f h ago, past --give-up-hours %g" % ((time.time() - first) / 3600,
+                                                                                  give_up_hours)
+    return None
 
 
 def replay_argv(run):
@@ -76,30 +112,36 @@ def mark_failed(run_dir, status, why):
     core.atomic_write_json(os.path.join(run_dir, "status.json"), status)
 
 
-def resume(run_dir, status, run, dry_run):
+def cannot_replay(run):
+    argv, cwd = replay_argv(run), run.get("cwd")
+    if not argv:
+        return "run.json has no recorded launch"
+    if not cwd or not os.path.isdir(cwd):
+        return "the job's cwd %r is gone" % cwd
+    return None
+
+
+def relaunch(run_dir, run):
+    """Replay the recorded launch as the next attempt -> (ok, seconds, last output line)."""
+    started = time.monotonic()
+    res = core.run_bounded(["bash", os.path.join(HERE, "run_one.sh")] + replay_argv(run), 600, cwd=run.get("cwd"))
+    return res.rc == 0, round(time.monotonic() - started, 1), res.output.strip().splitlines()[-1:] if res.rc else None
+
+
+def resume(run_dir, status, run, dry_run, give_up_hours):
     attempt = int(status.get("attempt") or 1)
-    cap = int(run.get("max_attempts") or 3)
-    argv = replay_argv(run)
-    cwd = run.get("cwd")
     why_not = None
     if not run.get("auto_resume"):
         why_not = "not launched with --auto-resume"
-    elif not argv:
-        why_not = "run.json has no recorded launch"
-    elif attempt >= cap:
-        why_not = "attempt %d of at most %d already used" % (attempt, cap)
-    elif not cwd or not os.path.isdir(cwd):
-        why_not = "the job's cwd %r is gone" % cwd
+    else:
+        why_not = cannot_replay(run) or over_caps(run_dir, status, run, give_up_hours)
     if why_not is None:
-        cmd = ["bash", os.path.join(HERE, "run_one.sh")] + argv
         if dry_run:
             return {"run_dir": run_dir, "action": "would resume", "attempt": attempt + 1, "ok": True}
         mark_failed(run_dir, status, "the node restarted during attempt %d; resumed as attempt %d" % (attempt, attempt + 1))
-        started = time.monotonic()
-        res = core.run_bounded(cmd, 600, cwd=cwd)
-        return {"run_dir": run_dir, "action": "resumed", "attempt": attempt + 1, "ok": res.rc == 0,
-                "seconds_to_launch": round(time.monotonic() - started, 1),
-                "detail": res.output.strip().splitlines()[-1:] if res.rc else None}
+        ok, seconds, detail = relaunch(run_dir, run)
+        return {"run_dir": run_dir, "action": "resumed", "attempt": attempt + 1, "ok": ok,
+                "seconds_to_launch": seconds, "detail": detail}
     if dry_run:
         return {"run_dir": run_dir, "action": "would re-arm the dead-man", "why": why_not, "ok": True}
     mark_failed(run_dir, status, "the node restarted during attempt %d (%s)" % (attempt, why_not))
@@ -109,13 +151,82 @@ def resume(run_dir, status, run, dry_run):
             "detail": res.output.strip().splitlines()[-1:] if res.rc else None}
 
 
+def resume_one(run_dir, args):
+    """--run: the explicit resume of one run -> (exit code, result)."""
+    status = core.read_json(os.path.join(run_dir, "status.json"))
+    run = core.read_json(os.path.join(run_dir, "run.json"))
+    if not status and not run:
+        raise core.UsageError("--run %s is not a run dir (no status.json or run.json)" % run_dir)
+    attempt = int(status.get("attempt") or 1)
+    live = [name for name in ("supervisor", "job")
+            if core.record_alive(status.get(name + "_identity"), status.get(name + "_pid"))]
+    why = None
+    if live:
+        why = "attempt %d is still live (%s pid %s); a second live attempt is never started - stop it first" % (
+            attempt, live[0], status.get(live[0] + "_pid"))
+    elif status.get("state") == "succeeded":
+        why = "it succeeded; nothing to resume (a new run id starts a new run)"
+    else:
+        why = cannot_replay(run) or over_caps(run_dir, status, run, args.give_up_hours, args.max_attempts)
+    result = {"run_dir": run_dir, "attempt": attempt + 1, "ok": why is None}
+    if why:
+        result.update(action="refused", why=why)
+        return 3, result
+    if args.dry_run:
+        result["action"] = "would resume"
+        return 0, result
+    dm = core.deadman_state(run_dir)
+    handed_over = False
+    if dm["watching"]:  # the last attempt's dead-man hands the run to the one the relaunch arms
+        ack = core.run_bounded([sys.executable, os.path.join(HERE, "deadman.py"), "ack", "--run-dir", run_dir,
+                                "--disarm"], 60)
+        if ack.rc != 0:
+            result.update(ok=False, action="refused", why="the armed dead-man would not disarm: " + ack.output[-200:])
+            return 1, result
+        handed_over = True
+        deadline = time.monotonic() + 90   # woken by the ack; a stuck one is waited for, never killed
+        while core.deadman_state(run_dir)["watching"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if core.deadman_state(run_dir)["watching"]:
+            result.update(ok=False, action="refused", why="the armed dead-man did not stand down within 90 s")
+            return 1, result
+    if status.get("state") in core.ACTIVE_RUN_STATES:
+        mark_failed(run_dir, status, "attempt %d died with nothing left alive; resumed as attempt %d" % (
+            attempt, attempt + 1))
+    ok, seconds, detail = relaunch(run_dir, run)
+    result.update(action="resumed", ok=ok, seconds_to_launch=seconds, detail=detail)
+    if not ok and handed_over:   # never leave the run unwatched: the old settings go back on
+        arm = core.run_bounded([sys.executable, os.path.join(HERE, "deadman.py"), "arm", "--run-dir", run_dir]
+                               + rearm_args(run_dir), 60)
+        result["rearmed"] = arm.rc == 0
+    return (0 if ok else 1), result
+
+
 def main(argv=None):
     core.check_toolkit()
     parser = core.Parser(prog="boot_resume.py", description="After a restart: resume or re-arm unfinished runs.")
-    parser.add_argument("--runs-dir", action="append", required=True, help="a runs dir (DURABLE_DIR/runs)")
+    parser.add_argument("--runs-dir", action="append", help="a runs dir (DURABLE_DIR/runs)")
+    parser.add_argument("--run", help="resume this one run dir now, as its next attempt")
+    parser.add_argument("--max-attempts", type=int, help="with --run: the attempt cap (default: as launched, 3)")
+    parser.add_argument("--give-up-hours", type=core.arg_number(float, 0.0, 1e6, low_open=True), default=48.0,
+                        help="no resume once the first attempt started longer ago than this (default 48)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
+    if bool(args.run) == bool(args.runs_dir):
+        raise core.UsageError("give --runs-dir (at boot) or --run RUN_DIR (one explicit resume), not both or neither")
+    if args.max_attempts is not None and (not args.run or args.max_attempts < 1):
+        raise core.UsageError("--max-attempts needs --run and must be at least 1")
+    if args.run:
+        if not os.path.isdir(args.run):
+            raise core.UsageError("--run %s is not a directory" % args.run)
+        code, r = resume_one(os.path.abspath(args.run), args)
+        if args.json:
+            core.emit_json(dict(r, exit_code=code))
+        else:
+            print("%s %s: %s%s" % (core.OK if r["ok"] else core.FAIL, os.path.basename(r["run_dir"]), r["action"],
+                                   (" (%s)" % r["why"]) if r.get("why") else " as attempt %d" % r["attempt"]))
+        return code
     for runs in args.runs_dir:
         if not os.path.isdir(runs):
             raise core.UsageError("--runs-dir %s is not a directory" % runs)
@@ -125,7 +236,7 @@ def main(argv=None):
             run_dir = os.path.join(os.path.abspath(runs), name)
             found = orphaned(run_dir) if os.path.isdir(run_dir) else None
             if found:
-                results.append(resume(run_dir, found[0], found[1], args.dry_run))
+                results.append(resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours))
     ok = all(r["ok"] for r in results)
     if args.json:
         core.emit_json({"ok": ok, "runs": results})

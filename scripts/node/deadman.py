@@ -643,6 +643,7 @@ class Deadman(object):
         self.last_note = None
         self.last_write = None
         self.stop_requested = None
+        self.check_now = False
         self.firing = False
         self.fired = None
 
@@ -680,6 +681,9 @@ class Deadman(object):
             doc.update(extra)
         core.atomic_write_json(self.p(STATE_FILE), doc)
         self.last_write = time.monotonic()
+
+    def on_wake(self, _signum, _frame):
+        self.check_now = True  # SIGUSR1 from `ack`: read ACK now, not at the next poll
 
     def on_signal(self, signum, _frame):
         if self.firing:
@@ -848,6 +852,7 @@ class Deadman(object):
     def loop(self):
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGUSR1, self.on_wake)
         self.log("armed on %s: %s" % (self.run_dir, json.dumps(self.cfg, sort_keys=True)))
         while True:
             if self.stop_requested:
@@ -881,8 +886,9 @@ class Deadman(object):
             # Sleep in short slices: time.sleep resumes after a handled signal (PEP 475),
             # so one long sleep would delay a requested exit by a whole poll interval.
             wake = time.monotonic() + self.cfg["poll_seconds"]
-            while not self.stop_requested and time.monotonic() < wake:
+            while not self.stop_requested and not self.check_now and time.monotonic() < wake:
                 time.sleep(min(0.5, self.cfg["poll_seconds"]))
+            self.check_now = False
 
     # firing
     def save_fired(self):
@@ -1256,6 +1262,8 @@ def detach_and_run(dm, lock_fd):
         if os.fork():
             os._exit(0)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # before the pid is published: an early ack's wake-up must not kill it (SIGUSR1's default)
+        signal.signal(signal.SIGUSR1, getattr(dm, "on_wake", signal.SIG_IGN))
         os.chdir("/")
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -1289,6 +1297,7 @@ def cmd_arm(args):
         dm.log(line)
         sys.stderr.write(line + "\n")
     if args.foreground:
+        signal.signal(signal.SIGUSR1, dm.on_wake)
         dm.write_state()
         if args.json:
             core.emit_json({"pid": os.getpid(), "run_dir": run_dir, "state": "armed", "foreground": True,
@@ -1311,7 +1320,7 @@ def cmd_ack(args):
     run_dir = run_dir_arg(args)
     if args.disarm:
         doc = {"disarm": True, "at": stamp()}
-        msg = "disarm requested: the dead-man exits at its next check"
+        msg = "disarm requested: the dead-man is woken and exits now"
     else:
         minutes = args.postpone_minutes
         if minutes is None:
@@ -1322,6 +1331,12 @@ def cmd_ack(args):
         doc = {"until": until, "at": stamp()}
         msg = "postponed until %s (%g min)" % (stamp(until), minutes)
     core.atomic_write_json(os.path.join(run_dir, "ACK"), doc)
+    live = live_deadman(run_dir)
+    if live:  # wake it so the ACK takes effect now (a resume waits for the hand-over)
+        try:
+            os.kill(live, signal.SIGUSR1)
+        except OSError:
+            pass
     if args.json:
         core.emit_json(doc)
     else:
