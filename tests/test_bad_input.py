@@ -225,6 +225,10 @@ CASES = [
      "--give-up-hours"),
     ("scripts/node/boot_resume.py", ["--runs-dir", "{missing}"], nothing, 2, "not a directory"),
     ("scripts/node/boot_resume.py", ["--runs-dir", "{file}"], nothing, 2, "not a directory"),
+    # final_sweep.py
+    ("scripts/node/final_sweep.py", [], nothing, 2, "required: --runs-dir"),
+    ("scripts/node/final_sweep.py", ["--runs-dir", "{missing}"], nothing, 2, "not a directory"),
+    ("scripts/node/final_sweep.py", ["--runs-dir", "{tmp}", "--jobs", "0"], nothing, 2, "--jobs"),
     # lookup.py
     ("scripts/lookup.py", [], nothing, 2, "give an entry ID"),
     ("scripts/lookup.py", ["--in", "{missing}", "oom"], nothing, 2, "no such file"),

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""final_sweep.py: before a box that ran several runs is released, make sure every run's outputs are on
+durable storage under a verified manifest; sync the ones that are not, and say what could not be saved.
+
+A box that ran a queue or an ablation holds many run dirs. Some synced, some crashed before their
+sync, some wrote more after it, some filled the disk. Releasing the box destroys whatever is only on
+it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
+  1. a run whose supervisor or job is still alive is not touched: RUNNING (the box is not ready);
+  2. the durable copy is checked: its PULL_MANIFEST.json parses and every file in it re-hashes;
+  3. the job's current outputs (the output globs in run.json, in the job's cwd) are compared with it:
+     a file that is new, changed (size, then SHA-256) or missing from the durable copy makes it stale;
+  4. a missing, damaged or stale copy is synced again (the run's own end-of-run sync, supervise.py
+     sync: copies hashed while copying, a damaged checkpoint never replaces a good copy), then
+     checked again. --check-only reports instead of syncing.
+The sweep writes nothing but what the run's own sync writes, and never deletes anything.
+
+Usage:
+  final_sweep.py --runs-dir DIR [--runs-dir DIR]... [--check-only] [--jobs N] [--json]
+
+Output: one line per run (OK, SYNCED, RUNNING, STALE, FAILED, SKIPPED) and a verdict; or --json:
+{"ok", "runs": [{"run_id", "run_dir", "verdict", "results_dir", "file_count", "problems"}]}.
+
+Exit codes: 0 every run's outputs are on durable storage and verify (safe to release, as far as the
+runs go: still pull and gate what you need); 1 at least one run is RUNNING, could not be synced or
+still fails verification (each listed); 2 usage; 3 --check-only found runs that need a sync.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import evidence  # noqa: E402
+import rgt_core as core  # noqa: E402
+import supervise  # noqa: E402
+
+PROG = "final_sweep.py"
+
+
+def run_dirs(roots):
+    for root in roots:
+        for name in sorted(os.listdir(root)):
+            path = os.path.join(os.path.abspath(root), name)
+            if os.path.isdir(path) and (os.path.exists(os.path.join(path, "status.json"))
+                                        or os.path.exists(os.path.join(path, "run.json"))):
+                yield path
+
+
+def alive(status):
+    return any(core.record_alive(status.get(n + "_identity"), status.get(n + "_pid")) for n in ("supervisor", "job"))
+
+
+def durable_problems(results, jobs):
+    """(manifest or None, problems) for the durable copy in RESULTS."""
+    path = os.path.join(results, evidence.MANIFEST_NAME)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        return None, ["no durable manifest (%s)" % (exc.strerror or exc)]
+    manifest, bad = evidence.parse_manifest(raw)
+    if bad:
+        return None, ["durable manifest malformed: %s" % bad[0]["detail"]]
+    found, _ = evidence.verify_tree(results, manifest, jobs, skip_partial=True, label="sweep", progress=False)
+    return manifest, ["durable %s: %s" % (p["path"], p["code"]) for p in found]
+
+
+def stale_outputs(run, manifest):
+    """Outputs in the job's cwd that the durable copy lacks or holds in another version."""
+    cwd, outputs = run.get("cwd"), run.get("outputs") or []
+    if not outputs or not cwd or not os.path.isdir(cwd):
+        return []
+    plan, _errors = supervise.plan_outputs(cwd, outputs)
+    held = {e["path"]: e for e in manifest["files"]}
+    stale = []
+    for rel, source in sorted(plan.items()):
+        entry = held.get(rel)
+        try:
+            size = os.stat(source).st_size
+            if entry is None:
+                stale.append("%s: not on durable storage" % rel)
+            elif size != entry["size"] or core.sha256_file(source)[1] != entry["sha256"]:
+                stale.append("%s: changed since the sync" % rel)
+        except (OSError, ValueError) as exc:
+            stale.append("%s: unreadable (%s)" % (rel, getattr(exc, "strerror", None) or exc))
+    return stale
+
+
+def check(run_dir, jobs):
+    """-> (run, status, results, manifest, problems that a sync could fix)."""
+    run = core.read_json(os.path.join(run_dir, "run.json"))
+    status = core.read_json(os.path.join(run_dir, "status.json"))
+    results = run.get("results_dir") or os.path.join(run_dir, "results")
+    manifest, problems = durable_problems(results, jobs)
+    if manifest is not None and not problems:
+        problems = stale_outputs(run, manifest)
+    return run, status, results, manifest, problems
+
+
+def sweep_one(run_dir, args):
+    run, status, results, manifest, problems = check(run_dir, args.jobs)
+    item = {"run_id": run.get("run_id") or status.get("run_id") or os.path.basename(run_dir), "run_dir": run_dir,
+            "results_dir": results, "state": status.get("state"), "file_count": None, "problems": problems}
+    if status.get("state") in core.ACTIVE_RUN_STATES and alive(status):
+        item.update(verdict="RUNNING", problems=["still %s: wait for it, or stop it, before releasing the box"
+                                                 % status.get("state")])
+        return item
+    if not problems:
+        item.update(verdict="OK", file_count=manifest["file_count"])
+        return item
+    if args.check_only:
+        item["verdict"] = "STALE"
+        return item
+    if not run:
+        item.update(verdict="FAILED", problems=problems + ["no run.json: nothing says what to sync"])
+        return item
+    died = status.get("state") in core.ACTIVE_RUN_STATES  # its supervisor died with the box mid-run
+    why = "found dead by final_sweep.py (state was %s); outputs synced as they were" % status.get("state")
+    if died:
+        core.update_json(os.path.join(run_dir, "status.json"), state="failed", ended_at=core.utc_iso(), error=why)
+    res = core.run_bounded([sys.executable, os.path.join(HERE, "supervise.py"), "sync", "--run-dir", run_dir],
+                           args.sync_timeout)
+    if died:  # the sync records "succeeded" for a run with no exit code; it never finished
+        core.update_json(os.path.join(run_dir, "status.json"), state="failed", error=why)
+    _run, _status, results, manifest, after = check(run_dir, args.jobs)
+    if res.rc == 0 and not after:
+        item.update(verdict="SYNCED", file_count=manifest["file_count"], problems=[], fixed=problems)
+    else:
+        why = res.output.strip().splitlines()[-1:] or ["sync exit %s" % res.rc]
+        item.update(verdict="FAILED", problems=after + ["sync: " + why[0][:300]])
+    return item
+
+
+def main(argv=None):
+    core.check_toolkit()
+    parser = core.Parser(prog=PROG, description="Before release: every run's outputs on durable storage, verified.")
+    parser.add_argument("--runs-dir", action="append", required=True, help="a runs dir (DURABLE_DIR/runs)")
+    parser.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
+    parser.add_argument("--jobs", type=core.arg_number(int, 1, 257), default=4, help="parallel hashing (4)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args(argv)
+    args.sync_timeout = 6 * 3600.0
+    for root in args.runs_dir:
+        if not os.path.isdir(root):
+            raise core.UsageError("--runs-dir %s is not a directory" % root)
+    items = [sweep_one(d, args) for d in run_dirs(args.runs_dir)]
+    bad = [i for i in items if i["verdict"] in ("RUNNING", "FAILED")]
+    stale = [i for i in items if i["verdict"] == "STALE"]
+    ok = not bad and not stale
+    if args.json:
+        core.emit_json({"ok": ok, "runs": items})
+    else:
+        for i in items:
+            detail = "; ".join(i["problems"][:3]) if i["problems"] else "%s files verified" % i["file_count"]
+            print("%-8s %s: %s" % (i["verdict"], i["run_id"], detail))
+        if not items:
+            print("%s no run dirs under %s" % (core.OK, ", ".join(args.runs_dir)))
+        elif ok:
+            print("%s every run's outputs are on durable storage and verify (%d runs)" % (core.OK, len(items)))
+        else:
+            print("%s do not release the box yet: %d run(s) %s" % (
+                core.FAIL, len(bad) + len(stale), "need a sync (run without --check-only)" if not bad else
+                "are running or could not be saved"))
+    return 1 if bad else 3 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(core.run_main(main, prog=PROG))

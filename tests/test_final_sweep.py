@@ -1,0 +1,91 @@
+"""final_sweep.py (issue 18): before a box that ran several cells is released, every run's outputs reach
+durable storage under a verified manifest. Real run_one.sh launches, real supervisors, real syncs."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from conftest import NODE
+from test_run_one import box, read, wait_for  # noqa: F401  (box: the fixture that cleans up)
+
+SWEEP = NODE / "final_sweep.py"
+
+WRITER = ("import os,sys,time\n"
+          "name = sys.argv[1]; os.makedirs('out_' + name, exist_ok=True)\n"
+          "open('out_%s/model.bin' % name, 'wb').write(b'weights of ' + name.encode())\n"
+          "t = time.monotonic()\n"
+          "while os.path.exists('hold_' + name) and time.monotonic() - t < 300: time.sleep(0.1)\n")
+
+
+def sweep(env, runs, *extra):
+    res = subprocess.run([sys.executable, str(SWEEP), "--runs-dir", str(runs), "--json", *extra], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in res.stderr, res.stderr
+    doc = json.loads(res.stdout)
+    return res.returncode, {r["run_id"]: r for r in doc["runs"]}
+
+
+def launch(box, name):  # noqa: F811
+    res = box.launch(name, [sys.executable, "-c", WRITER, name], "--deadman-dry-run", "--output", "out_%s/*" % name)
+    assert res.returncode == 0, res.stderr
+
+
+def test_sweep_finds_syncs_and_verifies_every_run(box):  # noqa: F811
+    runs = box.durable / "runs"
+    for name in ("clean", "later", "damaged", "crashed"):
+        if name == "crashed":
+            (box.work / "hold_crashed").write_text("")
+        launch(box, name)
+    for name in ("clean", "later", "damaged"):
+        assert box.wait_terminal(name, 60)["state"] == "succeeded"
+    # a cell wrote more after its sync; a durable copy rotted; a box restart killed a cell mid-run
+    (box.work / "out_later" / "eval.json").write_text('{"acc": 0.9}')
+    damaged = box.durable / "results" / "damaged" / "out_damaged" / "model.bin"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"X")
+    assert wait_for(lambda: (box.work / "out_crashed" / "model.bin").exists(), 60)
+
+    code, live = sweep(box.env, runs, "--check-only")
+    assert code == 1 and live["crashed"]["verdict"] == "RUNNING", live["crashed"]
+    status = read(box.run_dir("crashed") / "status.json")
+    for pid in (status["job_pid"], status["supervisor_pid"]):
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    assert wait_for(lambda: not any(os.path.exists("/proc/%d" % p) and open("/proc/%d/stat" % p).read()
+                                    .rsplit(")", 1)[1].split()[0] != "Z"
+                                    for p in (status["job_pid"], status["supervisor_pid"])), 30)
+
+    before = {p: p.read_bytes() for p in (box.durable / "results").rglob("*") if p.is_file()}
+    code, checked = sweep(box.env, runs, "--check-only")
+    assert code == 3, checked
+    assert checked["clean"]["verdict"] == "OK"
+    assert {n: checked[n]["verdict"] for n in ("later", "damaged", "crashed")} == dict.fromkeys(
+        ("later", "damaged", "crashed"), "STALE")
+    assert any("eval.json: not on durable storage" in p for p in checked["later"]["problems"])
+    assert any("model.bin" in p for p in checked["damaged"]["problems"])
+    after = {p: p.read_bytes() for p in (box.durable / "results").rglob("*") if p.is_file()}
+    assert after == before, "--check-only changed durable storage"
+
+    code, swept = sweep(box.env, runs)
+    assert code == 0, swept
+    assert swept["clean"]["verdict"] == "OK"
+    assert {n: swept[n]["verdict"] for n in ("later", "damaged", "crashed")} == dict.fromkeys(
+        ("later", "damaged", "crashed"), "SYNCED")
+    assert (box.durable / "results" / "later" / "out_later" / "eval.json").read_text() == '{"acc": 0.9}'
+    assert damaged.read_bytes() == b"weights of damaged"
+    assert (box.durable / "results" / "crashed" / "out_crashed" / "model.bin").read_bytes() == b"weights of crashed"
+    assert read(box.run_dir("crashed") / "status.json")["state"] == "failed"   # honest: it never finished
+    code, again = sweep(box.env, runs)
+    assert code == 0 and {r["verdict"] for r in again.values()} == {"OK"}
+
+
+def test_a_run_that_cannot_be_saved_is_reported(box):  # noqa: F811
+    launch(box, "gone")
+    assert box.wait_terminal("gone", 60)["state"] == "succeeded"
+    shutil.rmtree(box.durable / "results" / "gone")          # the durable copy is lost ...
+    os.unlink(box.work / "out_gone" / "model.bin")          # ... and so is the only source
+    code, swept = sweep(box.env, box.durable / "runs")
+    assert code == 1 and swept["gone"]["verdict"] == "FAILED", swept
+    text = subprocess.run([sys.executable, str(SWEEP), "--runs-dir", str(box.durable / "runs")], env=box.env,
+                          capture_output=True, text=True, timeout=300)
+    assert text.returncode == 1 and "do not release the box yet" in text.stdout
