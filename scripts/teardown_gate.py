@@ -15,7 +15,8 @@ It passes only when all of these hold:
      command is split with shlex and run without a shell, in the pulled directory. --inspect adds our
      checkpoint inspector (ckpt_inspect.py) as one more load check; a pull with no checkpoint passes it.
 On a pass it prints the profile's meter-stop action, what that destroys and what keeps billing
-(from profiles/index.json), the run id, file count and bytes, and that it did NOT tear anything down.
+(from profiles/index.json), the run id, file count and bytes, that it covers this run only (a box
+that ran several runs needs scripts/node/final_sweep.py first), and that it did NOT tear anything down.
 
 Usage:
   teardown_gate.py --pulled DEST/<run_id> --profile NAME
@@ -50,6 +51,9 @@ import evidence  # noqa: E402  (the node's manifest format; local side only)
 import pull_verified as pv  # noqa: E402
 import rgt_core as core  # noqa: E402
 
+# The gate proves one run; a box that ran a queue or a sweep holds others the pull never listed.
+SWEEP_HINT = ("  this gate covers run %s only: if the box ran other runs, first run on it "
+              "`python3 ~/rgt-bin/final_sweep.py --runs-dir DURABLE_DIR/runs` (exit 0 = every run saved)")
 DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
 
 
@@ -340,7 +344,7 @@ def main(argv=None) -> int:
 
     lines = meter_lines(args.profile, profile)
     verdict.update({"ok": True, "verdict": "PASS", "meter_stop": profile.get("billing"),
-                    "profile_index": index_info})
+                    "profile_index": index_info, "other_runs": SWEEP_HINT.strip() % verdict["run_id"]})
     if args.json:
         print(json.dumps(verdict, indent=2))
         return 0
@@ -352,6 +356,7 @@ def main(argv=None) -> int:
           + (f"; {len(checks)} load-check(s) passed" if checks else ""))
     for line in lines:
         print(line)
+    print(SWEEP_HINT % verdict["run_id"])
     print(never + " Stopping the meter is yours to do, with the user's go-ahead.")
     return 0
 
