@@ -1,6 +1,10 @@
 """Tier-1 offline evals (GUIDE §7): every case points at files, IDs and words that exist, reachable from SKILL.md."""
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -101,64 +105,210 @@ def test_description_carries_trigger_words(word):
     assert word in desc
 
 
-# --- routing: do SKILL.md's router words lead from the prompt to the expected file? -------------
+# --- tier 1: evals/run_evals.py (routing counted directly, reading budget, triggers) --------------
 
-STOP = set("the a an my i is it to of on in and or for with but when after how do does what why can this that at "
-           "be from not no so me you your are was were has have".split())
-ROUTE_FLOOR = 0.75  # share of cases whose expected file is within reach of the top-3 router rows
+sys.path.insert(0, str(REPO / "evals"))
+import run_evals as rv  # noqa: E402
 
-
-def words(text):
-    found = set(re.findall(r"[a-z0-9_./-]+|[\u4e00-\u9fff]", text.lower()))
-    return {w.strip(".") for w in found if (len(w) > 1 and w not in STOP) or re.match(r"[\u4e00-\u9fff]", w)}
+RUN_EVALS = REPO / "evals" / "run_evals.py"
+AGENT_EVAL = REPO / "evals" / "agent_eval.py"
 
 
-def router_rows(skill_text, root):
-    rows = []
-    for line in skill_text.splitlines():
-        if not line.startswith("|"):
-            continue
-        targets = re.findall(r"\]\(([^)#]+)", line) + re.findall(r"`((?:scripts|examples)/[\w.-]+)`", line)
-        if targets:
-            rows.append((words(line), [(root / t).resolve() for t in targets]))
-    return rows
+@pytest.fixture(scope="module")
+def report():
+    return rv.evaluate(REPO)
 
 
-def route_rate(root, skill_text, cases):
-    """Share of cases routed right, with the misses: rows ranked by idf-weighted shared words."""
-    import math
-    rows = router_rows(skill_text, root)
-    df = {}
-    for ws, _ in rows:
-        for w in ws:
-            df[w] = df.get(w, 0) + 1
-    out_links = {}
-    for md in sc.files(root, {".md"}):
-        out_links[md.resolve()] = {(md.parent / t.partition("#")[0]).resolve() for _, t in sc.links(md)
-                                   if t.partition("#")[0] and "://" not in t}
-    misses = []
-    for _, case in cases:
-        prompt = words(case["prompt"])
-        ranked = sorted(rows, key=lambda r: -sum(math.log(1 + len(rows) / df[w]) for w in prompt & r[0]))[:3]
-        reach = set()
-        for _, targets in ranked:
-            for t in targets:
-                reach |= {t} | out_links.get(t, set())
-        if not {(root / f).resolve() for f in case["expected_files"]} & reach:
-            misses.append(case["id"])
-    return 1 - len(misses) / max(1, len(cases)), misses
+def test_tier1_passes_every_check(report):
+    assert [c for c in report["checks"] if not c["ok"]] == []
 
 
-def test_router_words_lead_to_the_expected_files():
-    rate, misses = route_rate(REPO, (REPO / "SKILL.md").read_text(encoding="utf-8"), load_cases())
-    assert rate >= ROUTE_FLOOR, f"routing {rate:.0%} < {ROUTE_FLOOR:.0%}; missed: {misses}"
+def test_routing_floors_hold_counted_directly(report):
+    assert report["routing"]["top1"] >= 0.60, report["routing"]["missed_top1"]
+    assert report["routing"]["top3"] >= 0.85, report["routing"]["missed_top3"]
+
+
+def test_reading_budget_median_and_p90(report):
+    rd = report["reading"]
+    assert rd["median"] <= 12000
+    assert rd["p90"] >= rd["median"] > rd["skill_body"]  # the body is always read; something beyond it too
+    assert rd["whole_files_median"] > rd["median"]        # the lookup route is the cheaper one
+
+
+def test_trigger_set_is_large_bilingual_and_accurate(report):
+    triggers = rv.load_jsonl(REPO / "evals" / "triggers.jsonl")
+    assert len(triggers) >= 60
+    assert {t["lang"] for _, t in triggers} >= {"en", "zh"}
+    assert sum(1 for _, t in triggers if not t["should_trigger"]) >= 20
+    assert report["triggers"]["accuracy"] >= 0.80
+
+
+def test_cli_prints_the_summary_line_and_exits_by_result():
+    res = subprocess.run([sys.executable, str(RUN_EVALS)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:]
+    assert re.fullmatch(r"\d+ passed, 0 failed", res.stdout.strip().splitlines()[-1])
+    res = subprocess.run([sys.executable, str(RUN_EVALS), "--top3", "1"], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 1 and "FAIL routing top-3" in res.stdout
+    assert re.fullmatch(r"\d+ passed, 1 failed", res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--top1", "2"], "--top1"),
+    (["--cases", "/nonexistent/cases.jsonl"], "no such file"),
+    (["--root", "/"], "has no SKILL.md"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(argv, message):
+    res = subprocess.run([sys.executable, str(RUN_EVALS), *argv], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and message in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
 
 
 def test_routing_check_fails_without_the_router():
+    body = rv.skill_body(REPO)
+    gutted = body[: body.index("## Router")] + body[body.index("## Platforms"):]
+    top1, top3 = rv.route_rates(rv.route_ranks(REPO, load_cases(), gutted))
+    assert top1 < 0.60 and top3 < 0.85
+
+
+def test_routing_gives_no_credit_for_a_file_one_link_away(tmp_path):
+    (tmp_path / "references").mkdir()
+    (tmp_path / "references" / "a.md").write_text("# A\n\n[b](b.md)\n")
+    (tmp_path / "references" / "b.md").write_text("# B\n")
+    body = "\n**Remote**\n\n| says | read |\n|---|---|\n| loss is nan | [a](references/a.md) |\n"
+    case = {"id": "c1", "prompt": "my loss is nan", "expected_files": ["references/b.md"]}
+    assert rv.route_ranks(tmp_path, [(1, case)], body) == {"c1": None}
+    case["expected_files"] = ["references/a.md"]
+    assert rv.route_ranks(tmp_path, [(1, case)], body) == {"c1": 1}
+
+
+def test_reading_budget_fails_when_the_skill_body_grows(tmp_path):
+    root = tmp_path / "skill"
+    for sub in ("references", "profiles", "scripts", "examples"):
+        shutil.copytree(REPO / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "evals").mkdir()
+    for name in ("cases.jsonl", "triggers.jsonl"):
+        shutil.copy(REPO / "evals" / name, root / "evals" / name)
     text = (REPO / "SKILL.md").read_text(encoding="utf-8")
-    gutted = text[: text.index("## Router")] + text[text.index("## Scripts"):]
-    rate, _ = route_rate(REPO, gutted, load_cases())
-    assert rate < ROUTE_FLOOR
+    (root / "SKILL.md").write_text(text + "\n" + "padding the hub until it is a manual. " * 60, encoding="utf-8")
+    rep = rv.evaluate(root)
+    assert rep["reading"]["median"] > 12000
+    assert any(c["name"].startswith("reading median") and not c["ok"] for c in rep["checks"])
+
+
+def test_trigger_check_tells_should_from_should_not():
+    phrases = rv.trigger_phrases(rv.description(REPO))
+    hit = lambda prompt: sum(w for _, w in rv.trigger_matches(phrases, prompt)) >= 2  # noqa: E731
+    assert hit("My RunPod pod keeps billing after stop and the loss is NaN")
+    assert hit("在AutoDL上训练到一半断了，怎么断点续训？")
+    assert not hit("Help me rewrite my resume for a job application")
+    assert not hit("Write a CUDA kernel that transposes a matrix in shared memory")
+
+
+def test_trigger_accuracy_falls_with_a_blank_description(tmp_path):
+    text = (REPO / "SKILL.md").read_text(encoding="utf-8")
+    head, body = rv.split_frontmatter(text)
+    head = re.sub(r"description: >-\n(?:  .*\n)+", "description: A helpful skill.\n", head + "\n")
+    (tmp_path / "SKILL.md").write_text("---\n" + head + "---\n" + body, encoding="utf-8")
+    res = rv.trigger_results(tmp_path, rv.load_jsonl(REPO / "evals" / "triggers.jsonl"))
+    accuracy = sum(1 for got, want, _ in res.values() if got == want) / len(res)
+    assert accuracy < 0.80
+
+
+# --- tier 2: evals/agent_eval.py with a scripted stand-in agent -----------------------------------
+# The stand-in is a stand-in only for the model: the install, the run in a fresh folder, the read log,
+# the grading and the report files are the real ones.
+
+STAND_IN = r"""
+import json, os, sys
+from pathlib import Path
+prompt = sys.stdin.read()
+skill = Path.cwd() / ".claude" / "skills" / "remote-gpu-trainer" / "SKILL.md"
+home_skill = Path(os.environ["HOME"]) / ".claude" / "skills" / "remote-gpu-trainer" / "SKILL.md"
+found = skill if skill.is_file() else home_skill
+with open(os.environ["RGT_EVAL_READ_LOG"], "a") as log:
+    if found.is_file() and any(w in prompt.lower() for w in ("loss", "gpu", "billing")):
+        log.write(json.dumps({"path": str(found), "chars": len(found.read_text(encoding="utf-8"))}) + "\n")
+if os.environ.get("STAND_IN_MODE") == "right":
+    cases = [json.loads(l) for l in open(os.environ["STAND_IN_CASES"]) if l.strip()]
+    case = next((c for c in cases if c["prompt"] == prompt), {"must_cover": ["(not an eval case)"]})
+    print("Here is what to do. " + " ".join(case["must_cover"]))
+else:
+    print("Try restarting your computer and see if it helps.")
+"""
+
+
+def agent_eval(tmp_path, mode, *extra):
+    agent = tmp_path / "agent.py"
+    agent.write_text(STAND_IN)
+    out = tmp_path / ("out-" + mode)
+    env = dict(os.environ, STAND_IN_MODE=mode, STAND_IN_CASES=str(REPO / "evals" / "cases.jsonl"))
+    res = subprocess.run([sys.executable, str(AGENT_EVAL), "--agent-cmd", "%s %s" % (sys.executable, agent),
+                          "--agent", "claude", "--out", str(out), *extra],
+                         capture_output=True, text=True, timeout=600, env=env)
+    return res, out
+
+
+def test_agent_eval_scores_a_right_answer_and_parses_the_read_log(tmp_path):
+    first = load_cases()[0][1]
+    res, out = agent_eval(tmp_path, "right", "--only", first["id"], "--only", "trig-en-04", "--only", "neg-en-01")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((out / "results.json").read_text())
+    (case,) = report["cases"]["results"]
+    assert case["passed"] and case["score"] == 1.0
+    assert case["reads"] and case["reads"][0]["path"].endswith("remote-gpu-trainer/SKILL.md")
+    assert case["chars_read"] == len((REPO / "SKILL.md").read_text(encoding="utf-8"))
+    triggers = {t["id"]: t for t in report["triggers"]["results"]}
+    assert triggers["trig-en-04"]["loaded"] and not triggers["neg-en-01"]["loaded"]
+    assert "Cases: 1 of 1 passed" in (out / "summary.md").read_text()
+
+
+def test_agent_eval_does_not_score_a_wrong_answer(tmp_path):
+    first = load_cases()[0][1]
+    res, out = agent_eval(tmp_path, "wrong", "--only", first["id"], "--scope", "home")
+    assert res.returncode == 1
+    (case,) = json.loads((out / "results.json").read_text())["cases"]["results"]
+    assert not case["passed"] and case["score"] < 0.5
+
+
+def test_agent_eval_uses_a_judge_command(tmp_path):
+    judge = tmp_path / "judge.py"
+    judge.write_text("import json,sys\nd=json.load(sys.stdin)\nprint(json.dumps({'covered':[True]*len(d['must_cover'])}))\n")
+    first = load_cases()[0][1]
+    res, out = agent_eval(tmp_path, "wrong", "--only", first["id"], "--judge-cmd", "%s %s" % (sys.executable, judge))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert json.loads((out / "results.json").read_text())["cases"]["results"][0]["score"] == 1.0
+
+
+def test_agent_eval_reads_claude_stream_json():
+    stream = "\n".join(json.dumps(e) for e in [
+        {"type": "assistant", "message": {"content": [
+            {"type": "tool_use", "name": "Skill", "input": {"skill": "remote-gpu-trainer"}},
+            {"type": "tool_use", "name": "Read", "input": {"file_path": "/x/references/training/oom-memory.md"}}]}},
+        {"type": "result", "result": "Lower the batch size."}])
+    sys.path.insert(0, str(REPO / "evals"))
+    import agent_eval as ae
+    answer, reads = ae.parse_stream(stream)
+    assert answer == "Lower the batch size."
+    assert [r["path"] for r in reads] == ["skill:remote-gpu-trainer", "/x/references/training/oom-memory.md"]
+    assert ae.loaded_skill(reads)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "--agent-cmd"),
+    (["--agent-cmd", "true", "--only", "no-such-case"], "no case or trigger"),
+    (["--agent-cmd", "true", "--cases", "/nonexistent.jsonl", "--cases-only"], "no such file"),
+])
+def test_agent_eval_bad_input_is_one_line_and_exit_2(argv, message):
+    res = subprocess.run([sys.executable, str(AGENT_EVAL), *argv], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and message in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_agent_workflow_runs_tier2_only_with_a_key():
+    text = (REPO / ".github" / "workflows" / "agent-evals.yml").read_text()
+    assert "workflow_dispatch" in text and "ANTHROPIC_API_KEY" in text
+    assert "evals/agent_eval.py" in text and "skipped" in text
 
 
 def uncovered_entries(root, cases):

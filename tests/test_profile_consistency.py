@@ -17,6 +17,9 @@ disputed is stated as settled in the data, one of them misleads someone about mo
    word or "unknown"; for a storage field, the value or that tier's caps). A billing value that calls itself
    disputed needs an ``uncertain`` entry. When §5 says sources disagree about billing, some billing field
    must be listed under ``uncertain``.
+4. **Boot hook.** §4 says which boot hook re-runs ``boot_resume.py`` after a restart (or that none is known),
+   and every ``boot_resume.py --runs-dir DIR`` the profile shows points at its own ``DURABLE_DIR``/runs when the
+   frontmatter sets one: a hook that watches another folder re-arms nothing, silently.
 
 The repo's profiles must report nothing; modified copies written to tmp_path must report the planted break.
 """
@@ -34,6 +37,7 @@ HEDGE = re.compile(r"disputed|unverified|unknown|unconfirmed|not confirmed|disag
 DISAGREE = re.compile(r"\b(disagree\w*|contradict\w*|conflict\w*)\b", re.I)
 BILLING_WORDS = re.compile(r"bill|charge|granularit|per second|hourly|per hour|per minute", re.I)
 INLINE = re.compile(r"`([A-Za-z_]+): ([^`]+)`")
+RUNS_DIR = re.compile(r"boot_resume\.py\s+--runs-dir\s+(\S+)")
 
 
 # ---------------------------------------------------------------- parsing
@@ -235,6 +239,16 @@ def check_profile(path: Path) -> list:
             problems.append(f"{name}: §5 says the sources disagree about billing ({sentence[:90]!r}…) but no "
                             "billing field is listed under uncertain")
             break
+
+    # 4. the boot hook named in §4, pointed at this profile's runs dir
+    if not re.search(r"boot hook", section(body, 4), re.I):
+        problems.append(f"{name}: §4 does not say which boot hook re-runs boot_resume.py after a restart")
+    durable = (fm.get("defaults") or {}).get("DURABLE_DIR")
+    for shown in RUNS_DIR.findall(body):
+        shown = shown.rstrip("`'\".,;)")
+        if durable and shown != durable.rstrip("/") + "/runs":
+            problems.append(f"{name}: boot_resume.py --runs-dir {shown} is not DURABLE_DIR/runs "
+                            f"({durable.rstrip('/')}/runs)")
     return problems
 
 
@@ -351,6 +365,21 @@ def test_uncertain_naming_a_missing_field_is_caught(tmp_path):
         return text.replace("\nbilling:\n", "\n" + entry + "billing:\n", 1)
     problems = check_profile(planted(tmp_path, "local", edit))
     assert any("billing.no_such_key" in p for p in problems), problems
+
+
+def test_boot_hook_pointed_elsewhere_is_caught(tmp_path):
+    # The hook must watch the runs dir run_one.sh writes to (DURABLE_DIR/runs), or it re-arms nothing.
+    def edit(text):
+        return text.replace("--runs-dir /workspace/durable/runs", "--runs-dir /workspace/runs", 1)
+    problems = check_profile(planted(tmp_path, "runpod", edit))
+    assert any("--runs-dir /workspace/runs is not DURABLE_DIR/runs" in p for p in problems), problems
+
+
+def test_missing_boot_hook_is_caught(tmp_path):
+    def edit(text):
+        return re.sub(r"\*\*Boot hook[^*]*\*\*", "**After a restart.**", text, flags=re.I)
+    problems = check_profile(planted(tmp_path, "lambda", edit))
+    assert any("§4 does not say which boot hook" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("cell, expected", [
