@@ -367,6 +367,29 @@ CASES = [
     ("scripts/node/gpu_health.sh", ["--timeout", "0"], nothing, 2, "--timeout must be > 0"),
     ("scripts/node/gpu_health.sh", ["--bogus"], nothing, 2, "unknown argument"),
     ("scripts/node/gpu_health.sh", ["--json", "--timeout", "x"], nothing, 2, "--timeout needs a whole number"),
+    # run_forensics.py
+    ("scripts/run_forensics.py", [], nothing, 2, "give a command"),
+    ("scripts/run_forensics.py", ["list", "{missing}"], nothing, 2, "is not a directory"),
+    ("scripts/run_forensics.py", ["curve", "{tmp}", "--metric", "loss", "--z", "nan"], nothing, 2, "--z"),
+    ("scripts/run_forensics.py", ["curve", "{tmp}", "--metric", ""], nothing, 2, "--metric is empty"),
+    ("scripts/run_forensics.py", ["list", "{tmp}", "--metric", "lr"], nothing, 2, "give --mode"),
+    ("scripts/run_forensics.py", ["diff", "{file}", "{tmp}"], nothing, 2, "is not a directory"),
+    ("scripts/run_forensics.py", ["curve", "{rd}", "--metric", "loss"], run_dir_with(run__json=b"\xff{"), 3,
+     "no source logs"),
+    # repro.py
+    ("scripts/repro.py", [], nothing, 2, "required: run_dir"),
+    ("scripts/repro.py", ["{missing}"], nothing, 2, "is not a directory"),
+    ("scripts/repro.py", ["{tmp}", "--rtol", "nan"], nothing, 2, "--rtol"),
+    ("scripts/repro.py", ["{tmp}", "--map", "relative=x"], nothing, 2, "absolute OLD"),
+    ("scripts/repro.py", ["{rd}"], run_dir_with(run__json={"cmd": ["true"], "cwd": "/"}), 3, "no env.json"),
+    ("scripts/repro.py", ["{rd}"], run_dir_with(run__json=b"\xff{", env__json={}), 2, "not valid JSON"),
+    # run_env.py
+    ("scripts/node/run_env.py", [], nothing, 2, "required: run_dir"),
+    ("scripts/node/run_env.py", ["{file}"], nothing, 2, "is not a directory"),
+    ("scripts/node/run_env.py", ["{tmp}", "--timeout", "inf"], nothing, 2, "--timeout"),
+    ("scripts/node/run_env.py", ["{tmp}", "--cwd", "{missing}"], nothing, 2, "is not a directory"),
+    ("scripts/node/run_env.py", ["{tmp}", "--compare", "{file}"], nothing, 2, "not valid JSON"),
+    ("scripts/node/run_env.py", ["{tmp}", "--data", "{missing}"], nothing, 2, "does not exist"),
     # reap_vram_zombies.sh --json with a damaged PID list: still one usage line, no JSON half-written
     ("scripts/node/reap_vram_zombies.sh", ["--json", "--pids-from", "{file}"], nothing, 2, "is not a PID"),
 ]

@@ -330,6 +330,11 @@ def op_init(args):
             "attempt": attempt_number(run_dir), "resume": None})
     with open(run_path(run_dir, "job.log"), "ab"):
         pass
+    try:  # the environment record for reproduction (run_env.py, detached): never blocks or fails a launch
+        import run_env
+        run_env.start_detached(run_dir)
+    except Exception as exc:  # noqa: BLE001
+        say("%s: the environment was not recorded (%s)" % (PROG, exc))
     return 0
 
 

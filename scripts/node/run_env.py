@@ -1,0 +1,392 @@
+#!/usr/bin/env python3
+"""run_env.py: record what a run needs to be reproduced, as RUN_DIR/env.json (Python 3.8+, stdlib only).
+
+A number is only as trustworthy as the record of how it was made. This writes, beside run.json:
+  python     version, implementation and executable of the JOB's interpreter (not this one's):
+             asked by running that interpreter with a short probe, under a hard timeout
+  torch      torch version, the CUDA / HIP it was built with, the cuDNN version (null when torch
+             does not import there; {"error": ...} when importing it fails)
+  packages   name -> version from `<job python> -m pip list --format=json` (bounded)
+  git        commit, branch, dirty (tracked changes), diff_sha256 and diff_bytes of the tracked
+             changes (one fixed set of `git diff` flags, so the same tree gives the same hash on
+             any machine), untracked files (count and the first names), the remote with any
+             user:password removed, the repo top level and the job cwd inside it; with tracked
+             changes the diff is saved as RUN_DIR/code.patch (up to 16 MiB) unless --no-patch
+  host, gpus hostname; GPU names and driver from nvidia-smi when it is there
+  seeds      only environment variables that are seeds: PYTHONHASHSEED, SEED and any *_SEED;
+             no other environment value is ever read into the record (they hold secrets)
+  data       for each --data PATH: size, file count and SHA-256 (a directory: a digest over its
+             sorted files' relative paths, sizes and SHA-256s)
+
+Where the job's interpreter and cwd come from: --python / --cwd when given; else run.json in
+RUN_DIR (the launcher writes it: cmd[0] when it is a Python, else the #! line of the program
+cmd[0] names, e.g. torchrun's); else python3 on PATH and the current directory.
+
+supervise.py init starts this detached (`run_env.py .` in the run dir, output in env.log) so a
+launch never waits for or fails on it; RGT_NO_RUN_ENV=1 in the launcher's environment skips it.
+
+Usage:
+  run_env.py RUN_DIR [--python EXE] [--cwd DIR] [--data PATH]... [--no-patch] [--timeout S] [--json]
+  run_env.py RUN_DIR --compare OLD_ENV_JSON [--python EXE] [--cwd DIR] [--data PATH]... [--json]
+
+  --python EXE     the job's interpreter (default: as above)
+  --cwd DIR        the job's working directory, where git is asked (default: as above)
+  --data PATH      a data file or directory to fingerprint (repeatable)
+  --no-patch       do not save code.patch even when the tree has tracked changes
+  --timeout S      hard timeout of each external command (default 60)
+  --compare FILE   record RUN_DIR/env.json as usual, then compare it with FILE (another run's
+                   env.json): python, torch, CUDA, cuDNN, GPU names and package versions are
+                   WARN lines when they differ; the data FILE recorded is fingerprinted again
+                   (unless --data is given) and a changed or missing data set is a FAIL line
+  --json           print the record (or the comparison) as JSON instead of a summary line
+
+Exit codes: 0 recorded (with --compare: everything matches); 1 with --compare, the environment
+differs; 2 usage; 3 with --compare, a data fingerprint differs or a data path is missing (the
+numbers cannot be expected to match).
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rgt_core as core  # noqa: E402
+
+PROG = "run_env.py"
+ENV_NAME = "env.json"
+PATCH_NAME = "code.patch"
+SCHEMA = "rgt-env/1"
+PATCH_LIMIT = 16 << 20
+PACKAGE_LIMIT = 3000
+UNTRACKED_SHOWN = 20
+DATA_FILE_LIMIT = 200000
+SEED_NAMES = ("PYTHONHASHSEED", "SEED")
+# One fixed `git diff` for the dirty-tree hash: no pager, colour, external or textconv drivers,
+# rename detection, abbreviated ids or custom prefixes, whatever the user's git config says.
+GIT_DIFF_ARGS = ["-c", "core.abbrev=no", "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
+                 "-c", "diff.relative=false", "-c", "core.quotePath=true", "diff", "--binary", "--full-index",
+                 "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--unified=3",
+                 "--src-prefix=a/", "--dst-prefix=b/", "HEAD", "--"]
+KEY_PACKAGES = ("torch", "torchvision", "torchaudio", "numpy", "scipy", "transformers", "accelerate", "datasets",
+                "deepspeed", "peft", "trl", "timm", "lightning", "pytorch-lightning", "jax", "jaxlib",
+                "tensorflow", "xformers", "flash-attn", "triton", "vllm", "bitsandbytes", "scikit-learn")
+
+# Run by the job's interpreter (any Python 3): one JSON line on stdout.
+PROBE = r"""
+import json, platform, sys
+out = {"version": platform.python_version(), "implementation": platform.python_implementation(),
+       "executable": sys.executable, "prefix": sys.prefix}
+try:
+    import torch
+    info = {"version": str(getattr(torch, "__version__", "")) or None,
+            "cuda": getattr(torch.version, "cuda", None), "hip": getattr(torch.version, "hip", None)}
+    try:
+        info["cudnn"] = torch.backends.cudnn.version()
+    except Exception:
+        info["cudnn"] = None
+    out["torch"] = info
+except ImportError:
+    out["torch"] = None
+except Exception as exc:
+    out["torch"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+print(json.dumps(out))
+"""
+
+
+def is_python_name(word):
+    return bool(re.match(r"^(python|pypy)[0-9.]*(w|m)?$", os.path.basename(word or "")))
+
+
+def shebang_python(program):
+    """The interpreter a script's #! line names when it is a Python (torchrun, accelerate ...), else None."""
+    try:
+        with open(program, "rb") as handle:
+            line = handle.readline(512).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not line.startswith("#!"):
+        return None
+    words = line[2:].split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+    return words[0] if words and is_python_name(words[0]) else None
+
+
+def job_python(run, override=None):
+    """(interpreter, how it was chosen) for the job that run.json describes."""
+    if override:
+        return override, "--python"
+    cmd = run.get("cmd") if isinstance(run.get("cmd"), list) else []
+    cwd = run.get("cwd") if isinstance(run.get("cwd"), str) else None
+    first = cmd[0] if cmd and isinstance(cmd[0], str) else ""
+    if first:
+        found = first if os.sep in first else shutil.which(first)
+        if found and cwd and not os.path.isabs(found):
+            found = os.path.join(cwd, found)
+        if is_python_name(first):
+            return found or first, "run.json cmd[0]"
+        via = shebang_python(found) if found else None
+        if via:
+            return via, "the #! line of %s" % first
+    return shutil.which("python3") or sys.executable, "python3 on PATH"
+
+
+def probe_python(python, timeout):
+    res = core.run_bounded([python, "-c", PROBE], timeout)
+    if res.rc != 0:
+        why = res.error or ("timed out after %gs" % timeout if res.timed_out else res.output.strip()[-300:])
+        return {"executable": python, "error": why or "exit %s" % res.rc}, None
+    try:
+        info = json.loads(res.output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"executable": python, "error": "the probe printed no JSON"}, None
+    torch = info.pop("torch", None)
+    return info, torch
+
+
+def pip_packages(python, timeout):
+    res = core.run_bounded([python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+                           timeout, max_output=8 << 20)
+    if res.rc != 0:
+        return None, (res.error or ("timed out" if res.timed_out else res.output.strip()[-200:]) or "pip failed")
+    text = res.output.strip()
+    start = text.find("[")  # pip may print a warning line before the list
+    try:
+        rows = json.loads(text[start:]) if start >= 0 else None
+    except ValueError:
+        rows = None
+    if not isinstance(rows, list):
+        return None, "pip list printed no JSON list"
+    out = {}
+    for row in rows[:PACKAGE_LIMIT]:
+        if isinstance(row, dict) and isinstance(row.get("name"), str):
+            out[row["name"].lower().replace("_", "-")] = str(row.get("version"))
+    return out, None
+
+
+def strip_userinfo(url):
+    """https://user:token@host/x -> https://host/x (a remote URL may carry a credential)."""
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1", url or "") or None
+
+
+def git(cwd, args, timeout, max_output=1 << 20):
+    return core.run_bounded(["git", "-C", cwd] + args, timeout, max_output=max_output)
+
+
+def git_state(cwd, timeout, patch_to=None):
+    """The git record of CWD -> dict (commit None when CWD is not in a work tree or git is missing)."""
+    top = git(cwd, ["rev-parse", "--show-toplevel"], timeout)
+    if top.rc != 0:
+        return {"commit": None, "error": (top.error or top.output.strip()[-200:] or "not a git work tree")}
+    toplevel = top.output.strip().splitlines()[-1]
+    head = git(cwd, ["rev-parse", "--verify", "HEAD"], timeout)
+    if head.rc != 0:
+        return {"commit": None, "toplevel": toplevel, "error": "the repository has no commit yet"}
+    out = {"commit": head.output.strip(), "toplevel": toplevel,
+           "cwd_in_repo": os.path.relpath(os.path.realpath(cwd), os.path.realpath(toplevel))}
+    branch = git(cwd, ["symbolic-ref", "--quiet", "--short", "HEAD"], timeout)
+    out["branch"] = branch.output.strip() if branch.rc == 0 else None
+    remote = git(cwd, ["config", "--get", "remote.origin.url"], timeout)
+    out["remote"] = strip_userinfo(remote.output.strip()) if remote.rc == 0 else None
+    status = git(cwd, ["status", "--porcelain", "--untracked-files=normal"], timeout, max_output=4 << 20)
+    untracked = [line[3:] for line in status.output.splitlines() if line.startswith("?? ")]
+    out["untracked_count"] = len(untracked)
+    out["untracked"] = untracked[:UNTRACKED_SHOWN]
+    fd, tmp = tempfile.mkstemp(prefix=".rgt-diff.", suffix=".patch")
+    os.close(fd)
+    try:
+        res = core.run_bounded(["git", "-C", toplevel] + GIT_DIFF_ARGS[:-2] + ["--output=" + tmp] + GIT_DIFF_ARGS[-2:],
+                               timeout)
+        if res.rc != 0:
+            out.update(dirty=None, diff_sha256=None, diff_bytes=None,
+                       error="git diff failed: %s" % (res.error or res.output.strip()[-200:]))
+            return out
+        size, digest = core.sha256_file(tmp)
+        out.update(dirty=size > 0, diff_bytes=size, diff_sha256=digest if size else None, patch=None)
+        if size and patch_to and size <= PATCH_LIMIT:
+            with open(tmp, "rb") as handle:
+                core.atomic_write(patch_to, handle.read())
+            out["patch"] = os.path.basename(patch_to)
+        elif size and patch_to:
+            out["patch_skipped"] = "the diff is %s, over the %s limit" % (core.human_bytes(size),
+                                                                       core.human_bytes(PATCH_LIMIT))
+    finally:
+        os.unlink(tmp)
+    return out
+
+
+def gpu_names(timeout):
+    if not shutil.which("nvidia-smi"):
+        return None
+    res = core.run_bounded(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], timeout)
+    if res.rc != 0:
+        return {"error": res.error or ("timed out" if res.timed_out else res.output.strip()[-200:])}
+    names, driver = [], None
+    for line in res.output.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if parts and parts[0]:
+            names.append(parts[0])
+            driver = parts[1] if len(parts) > 1 else driver
+    return {"names": names, "driver": driver}
+
+
+def seed_vars(environ=None):
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in sorted(environ) if k in SEED_NAMES or k.endswith("_SEED")}
+
+
+def fingerprint(path, progress=True):
+    """{"path", "kind", "size", "files", "sha256"} of a data file or directory (None sha when missing)."""
+    full = os.path.abspath(path)
+    if os.path.isfile(full):
+        size, digest = core.sha256_file(full)
+        return {"path": full, "kind": "file", "size": size, "files": 1, "sha256": digest}
+    if not os.path.isdir(full):
+        return {"path": full, "kind": "missing", "size": None, "files": 0, "sha256": None}
+    entries, skipped = [], 0
+    for folder, dirs, files in os.walk(full):
+        dirs.sort()
+        for name in sorted(files):
+            rel = os.path.relpath(os.path.join(folder, name), full)
+            if os.path.islink(os.path.join(folder, name)) or not os.path.isfile(os.path.join(folder, name)):
+                skipped += 1
+                continue
+            entries.append(rel)
+            if len(entries) > DATA_FILE_LIMIT:
+                raise core.UsageError("--data %s holds more than %d files; fingerprint a manifest or a "
+                                      "smaller folder" % (path, DATA_FILE_LIMIT))
+    meter = core.Progress("fingerprint %s" % os.path.basename(full), enabled=progress)
+    combined, total = hashlib.sha256(), 0
+    for rel in sorted(entries):
+        size, digest = core.sha256_file(os.path.join(full, rel), on_bytes=meter.add)
+        total += size
+        combined.update(("%s\0%d\0%s\n" % (rel, size, digest)).encode("utf-8", "surrogateescape"))
+    meter.close()
+    return {"path": full, "kind": "dir", "size": total, "files": len(entries), "sha256": combined.hexdigest(),
+            "skipped_links_or_special": skipped}
+
+
+def record(run_dir, python=None, cwd=None, data=(), save_patch=True, timeout=60.0):
+    run = core.read_json(os.path.join(run_dir, "run.json"))
+    exe, how = job_python(run, python)
+    job_cwd = cwd or (run.get("cwd") if isinstance(run.get("cwd"), str) and os.path.isdir(run.get("cwd"))
+                      else os.getcwd())
+    py, torch = probe_python(exe, timeout)
+    py["chosen_by"] = how
+    packages, pip_error = pip_packages(py.get("executable") or exe, timeout) if "error" not in py else (None, None)
+    doc = {"schema": SCHEMA, "recorded_at": core.utc_iso(), "host": socket.gethostname(), "cwd": os.path.abspath(job_cwd),
+           "cmd": run.get("cmd") if isinstance(run.get("cmd"), list) else None,
+           "python": py, "torch": torch, "packages": packages, "pip_error": pip_error,
+           "key_packages": {k: packages[k] for k in KEY_PACKAGES if packages and k in packages},
+           "git": git_state(job_cwd, timeout, os.path.join(run_dir, PATCH_NAME) if save_patch else None),
+           "gpus": gpu_names(min(timeout, 15.0)), "seeds": seed_vars(),
+           "data": [fingerprint(p) for p in data], "toolkit": core.toolkit_version()}
+    core.atomic_write_json(os.path.join(run_dir, ENV_NAME), doc)
+    return doc
+
+
+def summary(doc):
+    g = doc.get("git") or {}
+    torch = doc.get("torch") or {}
+    gpus = (doc.get("gpus") or {}).get("names") if isinstance(doc.get("gpus"), dict) else None
+    return "OK env.json: python %s, torch %s (cuda %s), %s packages, git %s%s, seeds %s, %d data set(s), gpus %s" % (
+        (doc.get("python") or {}).get("version", "?"), torch.get("version") if torch else "none",
+        torch.get("cuda") if torch else "-", len(doc.get("packages") or {}),
+        (g.get("commit") or "none")[:12], " DIRTY" if g.get("dirty") else "",
+        ",".join(sorted(doc.get("seeds") or {})) or "none", len(doc.get("data") or []),
+        ",".join(gpus) if gpus else "none")
+
+
+def compare(new, old):
+    """Lines of differences between two env records -> (env_diffs, data_problems)."""
+    env, data = [], []
+
+    def differ(label, a, b):
+        if a != b:
+            env.append("WARN %s: recorded %s, here %s" % (label, a, b))
+
+    differ("python", (old.get("python") or {}).get("version"), (new.get("python") or {}).get("version"))
+    for key in ("version", "cuda", "hip", "cudnn"):
+        differ("torch %s" % key, (old.get("torch") or {}).get(key), (new.get("torch") or {}).get(key))
+    old_gpus = (old.get("gpus") or {}).get("names") if isinstance(old.get("gpus"), dict) else None
+    new_gpus = (new.get("gpus") or {}).get("names") if isinstance(new.get("gpus"), dict) else None
+    differ("GPUs", old_gpus, new_gpus)
+    old_pk, new_pk = old.get("packages") or {}, new.get("packages") or {}
+    for name in sorted(set(old_pk) | set(new_pk)):
+        if old_pk.get(name) != new_pk.get(name):
+            differ("package %s" % name, old_pk.get(name, "absent"), new_pk.get(name, "absent"))
+    recorded = {d.get("path"): d for d in old.get("data") or [] if isinstance(d, dict)}
+    for item in new.get("data") or []:
+        want = recorded.get(item["path"])
+        if item["sha256"] is None:
+            data.append("FAIL data %s is missing here" % item["path"])
+        elif want and want.get("sha256") != item["sha256"]:
+            data.append("FAIL data %s changed: recorded sha256 %s, here %s" % (
+                item["path"], (want.get("sha256") or "none")[:16], item["sha256"][:16]))
+    return env, data
+
+
+def start_detached(run_dir):
+    """Start `run_env.py .` in RUN_DIR in its own session, output to RUN_DIR/env.log, and return at once
+    (what supervise.py init calls). None when RGT_NO_RUN_ENV=1, else the child's pid."""
+    if os.environ.get("RGT_NO_RUN_ENV") == "1":
+        return None
+    import subprocess
+    with open(os.path.join(run_dir, "env.log"), "ab") as log:
+        child = subprocess.Popen([sys.executable, "-E", "-S", os.path.abspath(__file__), "."], cwd=run_dir,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    return child.pid
+
+
+def main(argv=None):
+    core.check_toolkit()
+    parser = core.Parser(prog=PROG, description="Record a run's environment as RUN_DIR/env.json (see the docstring).")
+    parser.add_argument("run_dir")
+    parser.add_argument("--python", default=None)
+    parser.add_argument("--cwd", default=None)
+    parser.add_argument("--data", action="append", default=[])
+    parser.add_argument("--no-patch", action="store_true")
+    parser.add_argument("--timeout", type=core.arg_number(float, 0.0, 3600.0, low_open=True), default=60.0)
+    parser.add_argument("--compare", default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    run_dir = os.path.abspath(args.run_dir)
+    if not os.path.isdir(run_dir):
+        raise core.UsageError("%s is not a directory" % args.run_dir)
+    for label, value in (("--python", args.python), ("--cwd", args.cwd), ("--compare", args.compare)):
+        if value is not None and not value.strip():
+            raise core.UsageError("%s is empty" % label)
+    if args.cwd and not os.path.isdir(args.cwd):
+        raise core.UsageError("--cwd %s is not a directory" % args.cwd)
+    old = core.load_json_strict(args.compare, "--compare") if args.compare else None
+    data = list(args.data)
+    if old is not None and not data:
+        data = [d.get("path") for d in old.get("data") or [] if isinstance(d, dict) and d.get("path")]
+    elif any(not os.path.exists(p) for p in data) and old is None:
+        missing = [p for p in data if not os.path.exists(p)]
+        raise core.UsageError("--data %s does not exist" % missing[0])
+    doc = record(run_dir, args.python, args.cwd, data, not args.no_patch, args.timeout)
+    if old is None:
+        if args.json:
+            core.emit_json(doc)
+        else:
+            print(summary(doc))
+        return 0
+    env, problems = compare(doc, old)
+    if args.json:
+        core.emit_json({"env_differences": env, "data_problems": problems, "recorded": os.path.join(run_dir, ENV_NAME)})
+    else:
+        for line in env + problems:
+            print(line)
+        print("%s environment %s, data %s" % ("OK" if not env and not problems else "WARN" if not problems else "FAIL",
+                                             "matches" if not env else "differs in %d item(s)" % len(env),
+                                             "matches" if not problems else "DIFFERS"))
+    return 3 if problems else (1 if env else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(core.run_main(main, prog=PROG))

@@ -1,0 +1,896 @@
+#!/usr/bin/env python3
+"""run_forensics.py: check that a result is real from the run's own records (laptop side).
+
+A final number hides how it was reached. Read the whole record instead: where the best value was
+and how far the last one fell from it, what else differed between two runs besides the knob you
+meant to change, and whether the curve has NaNs, spikes or a flat tail.
+
+Usage:
+  run_forensics.py list RUN_DIR... [--metric NAME] [--mode min|max] [--json]
+  run_forensics.py diff RUN_A RUN_B [--all] [--json]
+  run_forensics.py curve RUN --metric NAME [--mode min|max] [--window N] [--z Z] [--flat-k K]
+                         [--flat-tol T] [--decline F] [--json]
+
+  list   for each run (a folder of runs lists each child run; a folder whose wandb/ holds several
+         W&B runs lists each of them): the metric's best
+         value, the step of the best, and the last value and step; without --metric, every metric
+         whose direction the name makes clear (loss, error ... lower; acc, f1, reward ... higher)
+  diff   the resolved configs and environments of two runs side by side, only the keys that differ,
+         nested keys flattened as a.b.c. Expect exactly the knob you changed; anything else differing
+         (a seed, a package, the commit, a dirty tree) is a second variable
+  curve  findings on one metric's curve, each with its step:
+           early_peak  the best came well before the end and the last value fell back from it by at
+                       least --decline (default 0.1) of the curve's range
+           spike       a point whose robust z-score against the median of its --window neighbours
+                       (default 10, five each side, at least two each side; scale = MAD, floored
+                       at half the typical step-to-step change) exceeds --z (default 6)
+           nonfinite   NaN or inf values (the first step and how many)
+           flat        the last --flat-k (default 20) points do not change by more than --flat-tol
+                       (default 1e-6) relative to their size
+
+  --metric NAME  a metric name as logged (`loss`, `val/acc`, `eval.top1`); SOURCE:NAME picks one
+                 source when two files log the same name (the names `list --json` prints)
+  --mode min|max whether lower or higher is better; guessed from the name only when it is clear,
+                 and the output says it was guessed; an unclear name without --mode is exit 2
+  --all          diff: also compare the keys that differ between any two runs (run id, paths, times)
+  --json         one JSON object on stdout
+
+Sources read in a run dir (walked 4 levels deep; previous/ attempts and logs/ are skipped):
+  *.jsonl        one JSON object per line; nested objects are flattened; the step is the first of
+                 step, global_step, _step, iteration, iter, epoch a record has, else the line number
+  *.csv          a header row and numeric columns; the step column as for JSONL
+  events.out.tfevents.*  TensorBoard scalars, through the tensorboard package's EventAccumulator
+                 (pip install tensorboard); without it the files are named in a note
+  wandb/offline-run-*, wandb/run-*  local W&B run folders: files/config.yaml and
+                 files/wandb-summary.json when present (summary: last values only), and the run's
+                 .wandb log (history, config, environment) through the wandb package's protobuf
+                 definitions (pip install wandb)
+  run.json       the launcher's record (cmd, cwd, profile, outputs); the cmd's option-value pairs
+                 become cmd.<option> keys for diff
+  env.json       scripts/node/run_env.py's environment record (python, torch, CUDA, packages, git)
+  config.json, config.yaml, hparams.yaml, args.json ...  configs the job wrote
+  wandb:ENTITY/PROJECT/RUN_ID (or wandb:ENTITY/PROJECT for list): the W&B API, only when
+                 WANDB_API_KEY is set in the environment (the key is never printed)
+
+Exit codes: 0 ok; 1 curve findings that warrant a look; 2 usage; 3 a needed package is missing
+or the run has no readable source for the metric.
+"""
+import csv
+import json
+import math
+import os
+import re
+import statistics
+import struct
+import sys
+import zlib
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
+import rgt_core as core  # noqa: E402
+
+PROG = "run_forensics.py"
+EXIT_MISSING = 3
+STEP_KEYS = ("step", "global_step", "_step", "iteration", "iter", "epoch")
+SKIP_DIRS = {"previous", "logs", "__pycache__", "node_modules", ".git"}
+MAX_DEPTH = 4
+CONFIG_NAMES = ("config.json", "config.yaml", "config.yml", "hparams.yaml", "hparams.yml", "hparams.json",
+                "args.json", "args.yaml", "resolved_config.json", "resolved_config.yaml")
+VOLATILE = {"run.run_id", "run.run_dir", "run.results_dir", "run.created_at", "run.host", "run.attempt",
+            "run.launch_argv", "env.recorded_at", "env.cwd", "env.host", "env.toolkit", "env.git.toplevel",
+            "env.git.untracked", "env.python.prefix", "env.python.executable", "env.python.chosen_by",
+            "env.cmd", "env.git.patch", "wandb.run.id", "wandb.run.name", "wandb.run.start_time",
+            "wandb.env.started_at", "wandb.env.writer_id", "wandb.env.program", "wandb.env.root",
+            "wandb.env.host", "wandb.env.code_path", "wandb.env.code_path_local"}
+LOWER = {"loss", "losses", "error", "err", "errors", "perplexity", "ppl", "mse", "mae", "rmse", "nll", "wer",
+         "cer", "fid", "kid", "regret", "distance", "dist", "l1", "l2", "bpd", "bpb", "ce", "xent", "lpips",
+         "eer", "brier", "ece", "mape", "smape", "cost"}
+HIGHER = {"acc", "accuracy", "top1", "top5", "f1", "auc", "auroc", "auprc", "precision", "recall", "map",
+          "iou", "miou", "dice", "bleu", "rouge", "rougel", "reward", "return", "returns", "score", "psnr",
+          "ssim", "r2", "mcc", "kappa", "ndcg", "mrr", "hit", "hits", "success", "win", "winrate", "pass",
+          "em", "exact", "exactmatch", "correlation", "spearman", "pearson"}
+
+
+class Missing(Exception):
+    """A package or source the answer needs is not there: exit 3."""
+
+
+def note(line):
+    sys.stderr.write("%s: %s\n" % (PROG, line))
+
+
+# ---------------------------------------------------------------- small helpers
+
+def as_number(value):
+    """A float for a numeric JSON/CSV value (bools and non-numeric text are None; nan/inf kept)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            return None
+    return None
+
+
+def flatten(obj, prefix="", out=None):
+    out = {} if out is None else out
+    if isinstance(obj, dict):
+        if not obj and prefix:
+            out[prefix[:-1]] = {}
+        for key in obj:
+            flatten(obj[key], "%s%s." % (prefix, key), out)
+    else:
+        out[prefix[:-1]] = obj
+    return out
+
+
+def guess_mode(name):
+    """'min', 'max' or None from a metric name's words (None when no word or both kinds match)."""
+    words = set()
+    for word in re.split(r"[^a-z0-9]+", name.lower()):
+        if word:
+            words.update((word, re.sub(r"\d+$", "", word)))
+    low, high = bool(words & LOWER), bool(words & HIGHER)
+    return "min" if low and not high else "max" if high and not low else None
+
+
+def fmt(value):
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return "%.6g" % value
+    return str(value)
+
+
+def show(value, width=40):
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+# ---------------------------------------------------------------- a run and its sources
+
+class Run(object):
+    def __init__(self, path, label=None):
+        self.path = path
+        self.label = label or os.path.basename(os.path.normpath(path)) or path
+        self.series = {}      # name (and SOURCE:name) -> [(step, value)]
+        self.bare = []        # the names as logged, first source first
+        self.origin = {}      # name -> source label
+        self.summary = {}     # name -> last value (W&B summary only)
+        self.config = {}      # flattened key -> value
+        self.sources = []
+        self.notes = []
+        self.unreadable = []  # sources a missing package kept closed
+
+    def add_series(self, source, name, points):
+        if not points:
+            return
+        qualified = "%s:%s" % (source, name)
+        self.series[qualified] = points
+        self.origin[qualified] = source
+        if name not in self.bare:
+            self.bare.append(name)
+            self.series[name] = points
+            self.origin[name] = source
+
+    def set_config(self, prefix, mapping):
+        for key, value in flatten(mapping).items():
+            if key:
+                self.config["%s.%s" % (prefix, key)] = value
+
+
+def dedupe(points):
+    """Keep the last value logged for each step (a resumed run logs some steps twice), in step order."""
+    last = {}
+    order = []
+    for step, value in points:
+        if step not in last:
+            order.append(step)
+        last[step] = value
+    try:
+        order.sort()
+    except TypeError:
+        pass
+    return [(s, last[s]) for s in order]
+
+
+def records_to_series(records):
+    """JSONL/CSV records -> {name: [(step, value)]}."""
+    out = {}
+    for index, rec in enumerate(records):
+        flat = flatten(rec) if isinstance(rec, dict) else {}
+        step_key = next((k for k in STEP_KEYS if as_number(flat.get(k)) is not None), None)
+        step = as_number(flat[step_key]) if step_key else float(index)
+        step = int(step) if step is not None and math.isfinite(step) and step == int(step) else step
+        for key, raw in flat.items():
+            if key == step_key:
+                continue
+            value = as_number(raw)
+            if value is not None:
+                out.setdefault(key, []).append((step, value))
+    return {k: dedupe(v) for k, v in out.items()}
+
+
+def read_jsonl(path):
+    records = []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue  # a torn last line of a killed run
+            if isinstance(obj, dict):
+                records.append(obj)
+    return records
+
+
+def read_csv(path):
+    with open(path, encoding="utf-8", errors="replace", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def load_yaml(path):
+    try:
+        import yaml
+    except ImportError:
+        raise Missing("%s needs PyYAML to read (pip install pyyaml)" % path)
+    with open(path, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def walk(root):
+    """(dirpath, dirnames, filenames) under ROOT, MAX_DEPTH deep, skipping attempts, logs, hidden and W&B dirs."""
+    base = root.rstrip(os.sep).count(os.sep)
+    for folder, dirs, files in os.walk(root):
+        depth = folder.rstrip(os.sep).count(os.sep) - base
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(".") and d != "wandb"
+                         and depth < MAX_DEPTH and not os.path.islink(os.path.join(folder, d)))
+        yield folder, dirs, sorted(files)
+
+
+def wandb_folders(root):
+    """Local W&B run folders at or under ROOT (a folder named wandb, one level or two down)."""
+    name = os.path.basename(os.path.normpath(root))
+    if re.match(r"^(offline-)?run-", name) and (os.path.isdir(os.path.join(root, "files")) or
+                                                 any(f.endswith(".wandb") for f in os.listdir(root))):
+        return [root]
+    found = []
+    for cand in (os.path.join(root, "wandb"),) + tuple(os.path.join(root, d, "wandb") for d in safe_list(root)):
+        if os.path.isdir(cand):
+            found += [os.path.join(cand, d) for d in safe_list(cand)
+                      if re.match(r"^(offline-)?run-", d) and os.path.isdir(os.path.join(cand, d))]
+    return sorted(set(found))
+
+
+def safe_list(folder):
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def load_run(path):
+    run = Run(path)
+    tb_dirs = []
+    for folder, _dirs, files in walk(path):
+        rel_dir = os.path.relpath(folder, path)
+        for name in files:
+            full = os.path.join(folder, name)
+            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+            lower = name.lower()
+            try:
+                if name.startswith("events.out.tfevents."):
+                    if folder not in tb_dirs:
+                        tb_dirs.append(folder)
+                elif lower.endswith(".jsonl"):
+                    run.sources.append(rel)
+                    for key, pts in sorted(records_to_series(read_jsonl(full)).items()):
+                        run.add_series(rel, key, pts)
+                elif lower.endswith(".csv"):
+                    run.sources.append(rel)
+                    for key, pts in sorted(records_to_series(read_csv(full)).items()):
+                        run.add_series(rel, key, pts)
+                elif name == "run.json" and rel_dir == ".":
+                    run.sources.append(rel)
+                    load_run_json(run, core.load_json_strict(full, "run.json"))
+                elif name == "env.json" and rel_dir == ".":
+                    run.sources.append(rel)
+                    run.set_config("env", {k: v for k, v in core.load_json_strict(full, "env.json").items()
+                                           if k != "key_packages"})
+                elif lower in CONFIG_NAMES:
+                    run.sources.append(rel)
+                    doc = load_yaml(full) if lower.endswith((".yaml", ".yml")) else core.load_json_strict(full)
+                    run.set_config("config" if rel_dir == "." else "config[%s]" % rel_dir, doc or {})
+            except Missing as exc:
+                run.notes.append(str(exc))
+                run.unreadable.append(rel)
+            except (OSError, ValueError, csv.Error, core.UsageError) as exc:
+                run.notes.append("skipped %s: %s" % (rel, exc))
+            except Exception as exc:  # a YAML parse error and the like: say which file, keep going
+                run.notes.append("skipped %s: %s: %s" % (rel, type(exc).__name__, str(exc)[:200]))
+    for folder in tb_dirs:
+        load_tensorboard(run, folder)
+    for folder in wandb_folders(path):
+        load_wandb_folder(run, folder)
+    return run
+
+
+def load_run_json(run, doc):
+    cmd = doc.get("cmd") if isinstance(doc.get("cmd"), list) else []
+    run.set_config("run", {k: v for k, v in doc.items() if k != "cmd"})
+    if cmd:
+        run.config["run.cmd"] = " ".join(str(w) for w in cmd)
+        for key, value in cmd_flags(cmd).items():
+            run.config["cmd.%s" % key] = value
+
+
+def cmd_flags(cmd):
+    """--flag value / --flag=value / a bare --flag (True) pairs of a command line."""
+    out = {}
+    words = [str(w) for w in cmd]
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word.startswith("--") and len(word) > 2:
+            if "=" in word:
+                key, value = word[2:].split("=", 1)
+            elif index + 1 < len(words) and not words[index + 1].startswith("--"):
+                key, value = word[2:], words[index + 1]
+                index += 1
+            else:
+                key, value = word[2:], True
+            out[key] = value
+        index += 1
+    return out
+
+
+# ---------------------------------------------------------------- TensorBoard
+
+def load_tensorboard(run, folder):
+    rel = os.path.relpath(folder, run.path)
+    label = "tb" if rel == "." else "tb[%s]" % rel
+    try:
+        from tensorboard.backend.event_processing import event_accumulator
+    except ImportError:
+        run.notes.append("TensorBoard event files in %s are not read: the tensorboard package is not installed "
+                         "(pip install tensorboard)" % (rel if rel != "." else run.path))
+        run.unreadable.append(label)
+        return
+    acc = event_accumulator.EventAccumulator(folder, size_guidance={event_accumulator.SCALARS: 0,
+                                                                    event_accumulator.TENSORS: 0})
+    try:
+        acc.Reload()
+    except Exception as exc:  # a damaged event file: say so, read the rest
+        run.notes.append("TensorBoard events in %s: %s" % (rel, str(exc)[:200]))
+        return
+    run.sources.append(label)
+    tags = acc.Tags()
+    for tag in tags.get("scalars", []):
+        run.add_series(label, tag, dedupe([(ev.step, float(ev.value)) for ev in acc.Scalars(tag)]))
+    tensor_tags = [t for t in tags.get("tensors", []) if t not in run.series]
+    if tensor_tags:
+        try:
+            from tensorboard.util import tensor_util
+        except ImportError:
+            return
+        for tag in tensor_tags:
+            points = []
+            for ev in acc.Tensors(tag):
+                try:
+                    arr = tensor_util.make_ndarray(ev.tensor_proto)
+                    if getattr(arr, "size", 0) == 1:
+                        points.append((ev.step, float(arr.reshape(-1)[0])))
+                except Exception:  # a non-numeric tensor (text, image): not a curve
+                    break
+            run.add_series(label, tag, dedupe(points))
+
+
+# ---------------------------------------------------------------- W&B (local folders)
+
+def wandb_log_records(path):
+    """The raw records of a .wandb file: a LevelDB-style log (7-byte file header, 32 KiB blocks, each
+    record with a CRC-32, a length and a kind: full, first, middle, last)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    if len(data) < 7 or data[:4] != b":W&B":
+        raise ValueError("not a W&B run log")
+    block, pos, pending, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        room = block - pos % block
+        if room < 7:
+            pos += room
+            continue
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        body = data[pos + 7:pos + 7 + length]
+        if kind == 0 and length == 0:
+            pos += room  # zero padding to the block end
+            continue
+        if len(body) < length or zlib.crc32(bytes([kind]) + body) & 0xFFFFFFFF != crc:
+            break  # a torn tail of a run that was killed: keep what came before
+        pos += 7 + length
+        if kind == 1:
+            out.append(body)
+        elif kind == 2:
+            pending = body
+        elif kind == 3:
+            pending += body
+        elif kind == 4:
+            out.append(pending + body)
+            pending = b""
+    return out
+
+
+def item_key(item):
+    nested = list(getattr(item, "nested_key", []) or [])
+    return ".".join(nested) if nested else item.key
+
+
+def load_wandb_folder(run, folder):
+    rel = os.path.relpath(folder, run.path)
+    label = "wandb" if rel == "." else "wandb[%s]" % os.path.basename(folder)
+    files = os.path.join(folder, "files")
+    got_config = False
+    cfg = os.path.join(files, "config.yaml")
+    if os.path.isfile(cfg):
+        try:
+            doc = load_yaml(cfg) or {}
+            run.set_config("wandb.config", {k: (v.get("value") if isinstance(v, dict) and "value" in v else v)
+                                            for k, v in doc.items() if k != "_wandb"})
+            got_config = True
+            run.sources.append("%s/files/config.yaml" % label)
+        except Missing as exc:
+            run.notes.append(str(exc))
+        except Exception as exc:
+            run.notes.append("skipped %s: %s" % (cfg, str(exc)[:200]))
+    summ = os.path.join(files, "wandb-summary.json")
+    if os.path.isfile(summ):
+        doc = core.read_json(summ)
+        for key, value in flatten(doc).items():
+            if as_number(value) is not None and not key.startswith("_"):
+                run.summary["%s:%s" % (label, key)] = as_number(value)
+                run.summary.setdefault(key, as_number(value))
+        run.sources.append("%s/files/wandb-summary.json" % label)
+    logs = sorted(f for f in safe_list(folder) if f.endswith(".wandb"))
+    if not logs:
+        return
+    try:
+        from wandb.proto import wandb_internal_pb2 as pb
+    except ImportError:
+        run.notes.append("the W&B run log %s is not read: the wandb package is not installed (pip install wandb)"
+                         % os.path.join(rel, logs[0]))
+        run.unreadable.append(label)
+        return
+    history, config, env = {}, {}, {}
+    for name in logs:
+        try:
+            raws = wandb_log_records(os.path.join(folder, name))
+        except (OSError, ValueError) as exc:
+            run.notes.append("skipped %s: %s" % (name, exc))
+            continue
+        for raw in raws:
+            rec = pb.Record()
+            try:
+                rec.ParseFromString(raw)
+            except Exception:
+                continue
+            kind = rec.WhichOneof("record_type")
+            if kind == "history":
+                row = {}
+                for item in rec.history.item:
+                    try:
+                        row[item_key(item)] = json.loads(item.value_json)
+                    except ValueError:
+                        continue
+                step = row.get("_step")
+                for key, value in row.items():
+                    number = as_number(value)
+                    if key.startswith("_") or number is None:
+                        continue
+                    history.setdefault(key, []).append((step if step is not None else len(history.get(key, [])),
+                                                        number))
+            elif kind in ("run", "config"):
+                updates = rec.run.config.update if kind == "run" else rec.config.update
+                for item in updates:
+                    try:
+                        config[item_key(item)] = json.loads(item.value_json)
+                    except ValueError:
+                        continue
+                if kind == "run":
+                    env["run.project"] = rec.run.project or None
+                    env["run.id"] = rec.run.run_id or None
+                    env["run.name"] = rec.run.display_name or None
+                    if rec.run.HasField("git"):
+                        env["git.commit"] = rec.run.git.commit or None
+                        env["git.remote"] = rec.run.git.remote_url or None
+            elif kind == "environment":
+                for field, value in rec.environment.ListFields():
+                    if isinstance(value, (str, int, float, bool)):  # scalars only (no disks, no timestamps)
+                        env["env.%s" % field.name] = value
+    run.sources.append("%s/%s" % (label, logs[0]))
+    if not got_config:
+        run.set_config("wandb.config", {k: v for k, v in config.items() if not k.startswith("_wandb")})
+    for key, value in env.items():
+        if value not in (None, ""):
+            run.config["wandb.%s" % key] = value
+    for key, points in sorted(history.items()):
+        run.add_series(label, key, dedupe(points))
+
+
+# ---------------------------------------------------------------- W&B API (only with a key)
+
+def load_wandb_api(spec):
+    """Runs for wandb:ENTITY/PROJECT[/RUN_ID] -> list of Run."""
+    key = os.environ.get("WANDB_API_KEY")
+    if not key:
+        raise Missing("%s needs the W&B API: set WANDB_API_KEY in the environment (it is never printed)" % spec)
+    try:
+        import wandb
+    except ImportError:
+        raise Missing("%s needs the wandb package (pip install wandb)" % spec)
+    path = spec[len("wandb:"):].strip("/")
+    if path.count("/") not in (1, 2) or any(not part for part in path.split("/")):
+        raise core.UsageError("%s: give wandb:ENTITY/PROJECT or wandb:ENTITY/PROJECT/RUN_ID" % spec)
+    try:
+        api = wandb.Api()
+        remote = [api.run(path)] if path.count("/") == 2 else list(api.runs(path))
+        out = []
+        for item in remote:
+            run = Run("wandb:%s/%s" % ("/".join(path.split("/")[:2]), item.id), label=item.name or item.id)
+            run.set_config("wandb.config", {k: v for k, v in dict(item.config).items() if not k.startswith("_")})
+            for k, v in flatten(dict(item.summary)).items():
+                if as_number(v) is not None and not k.startswith("_"):
+                    run.summary[k] = as_number(v)
+            history = {}
+            for row in item.scan_history():
+                step = row.get("_step")
+                for k, v in flatten(row).items():
+                    if not k.startswith("_") and as_number(v) is not None:
+                        history.setdefault(k, []).append((step, as_number(v)))
+            for k, pts in sorted(history.items()):
+                run.add_series("wandb-api", k, dedupe(pts))
+            run.sources.append("wandb-api")
+            out.append(run)
+        return out
+    except Missing:
+        raise
+    except Exception as exc:  # network, auth, a wrong path: one line, the key scrubbed from it
+        raise Missing("the W&B API failed for %s: %s" % (spec, str(exc).replace(key, "***")[:300]))
+
+
+# ---------------------------------------------------------------- finding runs
+
+def has_own_records(path):
+    """PATH itself is one run: a launcher record, an env record, or metric files directly in it."""
+    names = safe_list(path)
+    return ("run.json" in names or "env.json" in names or
+            any(n.endswith((".jsonl", ".csv")) or n.startswith("events.out.tfevents.") for n in names))
+
+
+def is_run(path):
+    if has_own_records(path) or wandb_folders(path):
+        return True
+    return any(any(f.endswith((".jsonl", ".csv")) or f.startswith("events.out.tfevents.") for f in files)
+               for _folder, _dirs, files in walk(path))
+
+
+def load_wandb_only(folder):
+    run = Run(folder)
+    load_wandb_folder(run, folder)
+    return run
+
+
+def runs_from(paths):
+    """Runs for each PATH: the run itself when it has its own records, else each child run dir and each
+    W&B run folder in PATH/wandb."""
+    runs = []
+    for path in paths:
+        if path.startswith("wandb:"):
+            runs.extend(load_wandb_api(path))
+            continue
+        if not os.path.isdir(path):
+            raise core.UsageError("%s is not a directory (give a run dir or a folder of run dirs)" % path)
+        name = os.path.basename(os.path.normpath(path))
+        own_wandb = [f for f in wandb_folders(path) if os.path.dirname(f) == os.path.join(path, "wandb")]
+        if has_own_records(path) or re.match(r"^(offline-)?run-", name) or len(own_wandb) == 1:
+            runs.append(load_run(path))
+            continue
+        found = [load_run(os.path.join(path, d)) for d in safe_list(path)
+                 if d not in SKIP_DIRS and d != "wandb" and not d.startswith(".")
+                 and os.path.isdir(os.path.join(path, d)) and is_run(os.path.join(path, d))]
+        found += [load_wandb_only(f) for f in own_wandb]
+        runs.extend(found or [load_run(path)])
+    return runs
+
+
+def one_run(path):
+    if path.startswith("wandb:"):
+        runs = load_wandb_api(path)
+        if len(runs) != 1:
+            raise core.UsageError("%s names a project; give wandb:ENTITY/PROJECT/RUN_ID" % path)
+        return runs[0]
+    if not os.path.isdir(path):
+        raise core.UsageError("%s is not a directory" % path)
+    return load_run(path)
+
+
+# ---------------------------------------------------------------- statistics
+
+def best_last(points, mode):
+    finite = [(s, v) for s, v in points if math.isfinite(v)]
+    out = {"points": len(points), "nonfinite": len(points) - len(finite),
+           "last": points[-1][1] if points else None, "last_step": points[-1][0] if points else None,
+           "first_step": points[0][0] if points else None, "best": None, "best_step": None}
+    if finite and mode:
+        pick = min if mode == "min" else max
+        best = pick(finite, key=lambda p: p[1])  # the first step reaching the best value
+        out.update(best=best[1], best_step=best[0])
+    return out
+
+
+def resolve_mode(name, mode):
+    if mode:
+        return mode, "--mode"
+    guess = guess_mode(name)
+    return guess, ("guessed from the name" if guess else None)
+
+
+def metric_for(run, name):
+    if name in run.series:
+        return run.series[name]
+    return None
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def curve_findings(points, mode, window=10, z_limit=6.0, flat_k=20, flat_tol=1e-6, decline=0.1):
+    findings = []
+    bad = [(s, v) for s, v in points if not math.isfinite(v)]
+    if bad:
+        findings.append({"kind": "nonfinite", "step": bad[0][0], "count": len(bad),
+                         "line": "%d NaN/inf value(s), the first at step %s (%s)" % (len(bad), bad[0][0], bad[0][1])})
+    finite = [(s, v) for s, v in points if math.isfinite(v)]
+    values = [v for _s, v in finite]
+    n = len(values)
+    if n >= 5 and mode:
+        stats = best_last(finite, mode)
+        lo, hi = min(values), max(values)
+        span = hi - lo
+        first, last_step = finite[0][0], finite[-1][0]
+        try:
+            where = (stats["best_step"] - first) / float(last_step - first) if last_step != first else 1.0
+        except TypeError:
+            where = finite.index((stats["best_step"], stats["best"])) / float(n - 1)
+        fell = abs(values[-1] - stats["best"]) / span if span > 0 else 0.0
+        if where < 0.75 and fell >= decline:
+            findings.append({"kind": "early_peak", "step": stats["best_step"], "best": stats["best"],
+                             "last": values[-1], "position": round(where, 3), "fell": round(fell, 3),
+                             "line": "best %s at step %s (%d%% into the run), last %s at step %s: fell back %d%% of "
+                                     "the range; report the best checkpoint only if it was selected on "
+                                     "held-out data" % (fmt(stats["best"]), stats["best_step"], 100 * where,
+                                                        fmt(values[-1]), last_step, 100 * fell)})
+    half = max(1, window // 2)
+    if n >= 7:
+        diffs = [abs(values[i + 1] - values[i]) for i in range(n - 1)]
+        typical = median(diffs) if diffs else 0.0
+        spikes = []
+        for i in range(n):
+            left, right = values[max(0, i - half):i], values[i + 1:i + 1 + half]
+            if len(left) < 2 or len(right) < 2:  # one-sided at the ends: a trend would read as a spike
+                continue
+            around = left + right
+            mid = median(around)
+            mad = median([abs(v - mid) for v in around])
+            scale = max(1.4826 * mad, 0.5 * typical, 1e-12 * max(1.0, abs(mid)))
+            z = (values[i] - mid) / scale
+            if abs(z) > z_limit:
+                spikes.append((finite[i][0], values[i], z))
+        for step, value, z in spikes[:20]:
+            findings.append({"kind": "spike", "step": step, "value": value, "z": round(z, 1),
+                             "line": "spike at step %s: %s (robust z %.1f against its %d neighbours)"
+                                     % (step, fmt(value), z, 2 * half)})
+        if len(spikes) > 20:
+            findings.append({"kind": "spike", "step": spikes[20][0], "count": len(spikes) - 20,
+                             "line": "%d more spikes not shown" % (len(spikes) - 20)})
+    if n >= flat_k >= 2:
+        tail = values[-flat_k:]
+        size = max(max(abs(v) for v in tail), 1e-12)
+        if max(tail) - min(tail) <= flat_tol * size:
+            findings.append({"kind": "flat", "step": finite[-flat_k][0], "value": tail[-1],
+                             "line": "flat: the last %d points (from step %s) stay at %s; a stuck optimizer, a "
+                                     "zero learning rate, or a metric that is not being updated"
+                                     % (flat_k, finite[-flat_k][0], fmt(tail[-1]))})
+    return findings
+
+
+# ---------------------------------------------------------------- commands
+
+def check_missing(run, what):
+    if run.unreadable:
+        raise Missing("%s: %s; %s" % (run.label, what, "; ".join(run.notes)))
+    raise Missing("%s: %s (sources read: %s)" % (run.label, what, ", ".join(run.sources) or "none"))
+
+
+def cmd_list(args):
+    runs = runs_from(args.runs)
+    if not runs:
+        raise Missing("no runs found under %s" % ", ".join(args.runs))
+    mode_from = None
+    if args.metric:
+        mode, mode_from = resolve_mode(args.metric.split(":")[-1], args.mode)
+        if mode is None:
+            raise core.UsageError("cannot tell from the name whether higher or lower %r is better; give --mode min "
+                                  "or --mode max" % args.metric)
+    rows, missing = [], 0
+    for run in runs:
+        entry = {"run": run.path, "name": run.label, "sources": run.sources, "notes": run.notes, "metrics": {}}
+        names = [args.metric] if args.metric else sorted(run.bare)
+        for name in names:
+            points = metric_for(run, name)
+            if args.metric:
+                use_mode, how = mode, mode_from
+            else:
+                use_mode, how = resolve_mode(name, args.mode)
+            if points is None:
+                if name in run.summary:
+                    entry["metrics"][name] = {"last": run.summary[name], "best": None, "best_step": None,
+                                              "last_step": None, "points": 0, "mode": use_mode, "mode_from": how,
+                                              "from": "summary (last value only)"}
+                continue
+            stats = best_last(points, use_mode)
+            stats.update(mode=use_mode, mode_from=how, source=run.origin.get(name))
+            entry["metrics"][name] = stats
+        if args.metric and args.metric not in entry["metrics"]:
+            missing += 1
+            entry["missing"] = True
+        rows.append(entry)
+    if args.json:
+        core.emit_json({"metric": args.metric, "mode": args.mode, "runs": rows})
+    else:
+        if args.metric:
+            print("METRIC %s (%s better, %s)" % (args.metric, "lower" if mode == "min" else "higher", mode_from))
+            print("%-32s %12s %10s %12s %10s %7s" % ("run", "best", "best_step", "last", "last_step", "points"))
+        for entry in rows:
+            if args.metric:
+                m = entry["metrics"].get(args.metric)
+                if m is None:
+                    print("%-32s %s" % (entry["name"][:32], "MISSING (no source logs it)"))
+                    continue
+                print("%-32s %12s %10s %12s %10s %7s" % (entry["name"][:32], fmt(m["best"]), fmt(m["best_step"]),
+                                                         fmt(m["last"]), fmt(m["last_step"]), m["points"]))
+                continue
+            print("RUN %s (%s)" % (entry["name"], ", ".join(entry["sources"]) or "no sources"))
+            shown = sorted(entry["metrics"].items())[:20]
+            for name, m in shown:
+                if m["mode"]:
+                    print("  %-30s best %s at step %s, last %s at step %s (%s better, %s)" % (
+                        name, fmt(m["best"]), fmt(m["best_step"]), fmt(m["last"]), fmt(m["last_step"]),
+                        "lower" if m["mode"] == "min" else "higher", m["mode_from"]))
+                else:
+                    print("  %-30s last %s at step %s (direction unclear from the name: --metric %s --mode min|max)"
+                          % (name, fmt(m["last"]), fmt(m["last_step"]), name))
+            if len(entry["metrics"]) > 20:
+                print("  ... %d more metrics (--json lists all)" % (len(entry["metrics"]) - 20))
+        for entry in rows:
+            for line in entry["notes"]:
+                note("NOTE %s: %s" % (entry["name"], line))
+    if args.metric and missing == len(rows):
+        unreadable = [r for r in runs if r.unreadable]
+        raise Missing("no run has %r%s" % (args.metric, "; " + "; ".join(unreadable[0].notes) if unreadable else ""))
+    return 0
+
+
+def cmd_diff(args):
+    a, b = one_run(args.run_a), one_run(args.run_b)
+    if not a.config and not b.config:
+        raise Missing("neither run has a config or environment record (run.json, env.json, a config file, W&B)")
+    keys = sorted(set(a.config) | set(b.config))
+    skipped = 0
+    rows = []
+    for key in keys:
+        if not args.all and (key in VOLATILE or any(key.startswith(v + ".") for v in VOLATILE)):
+            skipped += 1
+            continue
+        va, vb = a.config.get(key, "<absent>"), b.config.get(key, "<absent>")
+        if va != vb:
+            rows.append({"key": key, "a": va, "b": vb})
+    if args.json:
+        core.emit_json({"a": a.path, "b": b.path, "compared": len(keys) - skipped, "skipped_volatile": skipped,
+                        "differing": rows, "notes": a.notes + b.notes})
+        return 0
+    print("A = %s\nB = %s" % (a.path, b.path))
+    print("%-44s %-40s %-40s" % ("key", "A", "B"))
+    for row in rows:
+        print("%-44s %-40s %-40s" % (row["key"][:44], show(row["a"]), show(row["b"])))
+    knobs = [r for r in rows if not r["key"].startswith(("env.", "wandb.env.", "wandb.git."))]
+    envs = len(rows) - len(knobs)
+    print("%d differing key(s) of %d compared (%d config, %d environment; %d run-identity keys left out%s)." % (
+        len(rows), len(keys) - skipped, len(knobs), envs, skipped, ", --all shows them" if skipped else ""))
+    if len(knobs) > 1 or envs:
+        print("WARN more than the one knob you meant to change differs: explain each before trusting the gap")
+    for line in a.notes + b.notes:
+        note("NOTE %s" % line)
+    return 0
+
+
+def cmd_curve(args):
+    run = one_run(args.run)
+    points = metric_for(run, args.metric)
+    if points is None:
+        check_missing(run, "no source logs %r" % args.metric)
+    mode, how = resolve_mode(args.metric.split(":")[-1], args.mode)
+    if mode is None:
+        raise core.UsageError("cannot tell from the name whether higher or lower %r is better; give --mode min "
+                              "or --mode max" % args.metric)
+    stats = best_last(points, mode)
+    findings = curve_findings(points, mode, args.window, args.z, args.flat_k, args.flat_tol, args.decline)
+    if args.json:
+        core.emit_json({"run": run.path, "metric": args.metric, "mode": mode, "mode_from": how,
+                        "source": run.origin.get(args.metric), "stats": stats, "findings": findings,
+                        "notes": run.notes})
+    else:
+        print("CURVE %s %s (%s better, %s; from %s): %d points, steps %s..%s" % (
+            run.label, args.metric, "lower" if mode == "min" else "higher", how, run.origin.get(args.metric),
+            stats["points"], stats["first_step"], stats["last_step"]))
+        print("  best %s at step %s; last %s at step %s" % (fmt(stats["best"]), stats["best_step"],
+                                                            fmt(stats["last"]), stats["last_step"]))
+        for f in findings:
+            print("  %s %s: %s" % ("FAIL" if f["kind"] == "nonfinite" else "WARN", f["kind"], f["line"]))
+        if not findings:
+            print("  OK no early peak, spike, NaN/inf or flat tail")
+        for line in run.notes:
+            note("NOTE %s" % line)
+    return core.EXIT_FAIL if findings else 0
+
+
+def build_parser():
+    parser = core.Parser(prog=PROG, description="Run forensics from a run's own records (see the docstring).")
+    sub = parser.add_subparsers(dest="command", parser_class=core.Parser)
+    mode = dict(choices=("min", "max"), default=None)
+    p = sub.add_parser("list", help="best / last / step of best per run")
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--metric", default=None)
+    p.add_argument("--mode", **mode)
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("diff", help="differing config and environment keys of two runs")
+    p.add_argument("run_a")
+    p.add_argument("run_b")
+    p.add_argument("--all", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("curve", help="early peak, spikes, NaN/inf, flat tail")
+    p.add_argument("run")
+    p.add_argument("--metric", required=True)
+    p.add_argument("--mode", **mode)
+    p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10)
+    p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0)
+    p.add_argument("--flat-k", type=core.arg_number(int, 2, 10 ** 9), default=20)
+    p.add_argument("--flat-tol", type=core.arg_number(float, 0.0, 1.0), default=1e-6)
+    p.add_argument("--decline", type=core.arg_number(float, 0.0, 1.0, low_open=True), default=0.1)
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if not args.command:
+        raise core.UsageError("give a command: list, diff or curve")
+    if getattr(args, "metric", None) is not None and not args.metric.strip():
+        raise core.UsageError("--metric is empty")
+    try:
+        return {"list": cmd_list, "diff": cmd_diff, "curve": cmd_curve}[args.command](args)
+    except Missing as exc:
+        core.say_error(exc, PROG)
+        return EXIT_MISSING
+
+
+if __name__ == "__main__":
+    sys.exit(core.run_main(main, prog=PROG))

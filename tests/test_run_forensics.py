@@ -1,0 +1,219 @@
+"""run_forensics.py on real records: TensorBoard events written by torch's SummaryWriter, offline W&B runs
+written by the wandb package (no network), JSONL and CSV logs, and the launcher's run.json / env.json."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SCRIPTS, need_module
+
+FORENSICS = str(SCRIPTS / "run_forensics.py")
+
+# val/loss falls then climbs back (an early peak for a lower-is-better metric); train/loss has one spike and
+# a NaN; lr goes flat for the last 30 steps.
+CURVES = {
+    "val/loss": [1.0 / (1 + 0.3 * s) if s < 15 else 1.0 / (1 + 0.3 * 15) + 0.04 * (s - 15) for s in range(50)],
+    "train/loss": [2.0 - 0.03 * s + (25.0 if s == 30 else 0.0) + (float("nan") if s == 40 else 0.0)
+                   for s in range(50)],
+    "lr": [0.1 - 0.005 * s if s < 20 else 0.0 for s in range(50)],
+}
+
+
+def forensics(*args, env=None):
+    res = subprocess.run([sys.executable, FORENSICS, *map(str, args)], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res
+
+
+def as_json(res):
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def tb_run(tmp_path_factory):
+    need_module("tensorboard")
+    torch = need_module("torch")
+    from torch.utils.tensorboard import SummaryWriter
+    run = tmp_path_factory.mktemp("tb") / "tb-run"
+    writer = SummaryWriter(str(run / "tb"))
+    for name, values in CURVES.items():
+        for step, value in enumerate(values):
+            writer.add_scalar(name, torch.tensor(value).item(), step)
+    writer.close()
+    return run
+
+
+WANDB_JOB = """
+import json, sys
+import wandb
+cfg = json.loads(sys.argv[1])
+run = wandb.init(project="forensics-test", config=cfg, name=cfg["name"])
+for step in range(30):
+    loss = 1.0 / (1 + step) if step < 10 else 0.1 + 0.03 * (step - 9)
+    run.log({"eval/loss": loss, "acc": min(0.9, 0.05 * step)}, step=step)
+run.finish()
+"""
+
+
+def wandb_env(root):
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(root), WANDB_SILENT="true",
+               WANDB_CONFIG_DIR=str(root / "cfg"), WANDB_CACHE_DIR=str(root / "cache"),
+               WANDB_DATA_DIR=str(root / "data"), WANDB_DISABLE_GIT="true")
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def wandb_runs(tmp_path_factory):
+    need_module("wandb")
+    root = tmp_path_factory.mktemp("wb")
+    dirs = []
+    for name, lr in (("a", 0.1), ("b", 0.01)):
+        folder = root / name
+        folder.mkdir()
+        cfg = {"name": name, "lr": lr, "model": {"depth": 3, "width": 64}, "seed": 1}
+        res = subprocess.run([sys.executable, "-c", WANDB_JOB, json.dumps(cfg)], capture_output=True, text=True,
+                             env=wandb_env(folder), timeout=300, cwd=str(folder))
+        assert res.returncode == 0, res.stdout + res.stderr
+        runs = sorted((folder / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1, list((folder / "wandb").iterdir())
+        dirs.append(folder)
+    return dirs
+
+
+# ---------------------------------------------------------------- TensorBoard
+
+def test_list_reads_tensorboard_best_last_and_step(tb_run):
+    out = as_json(forensics("list", tb_run, "--metric", "val/loss", "--json"))
+    (row,) = out["runs"]
+    m = row["metrics"]["val/loss"]
+    assert m["best_step"] == 15 and m["last_step"] == 49 and m["points"] == 50
+    assert math.isclose(m["best"], CURVES["val/loss"][15], rel_tol=1e-6)
+    assert math.isclose(m["last"], CURVES["val/loss"][49], rel_tol=1e-6)
+    assert m["mode"] == "min" and m["mode_from"] == "guessed from the name"
+
+
+def test_curve_finds_the_early_peak(tb_run):
+    res = forensics("curve", tb_run, "--metric", "val/loss", "--json")
+    assert res.returncode == 1, res.stdout
+    kinds = {f["kind"]: f for f in as_json(res)["findings"]}
+    assert kinds["early_peak"]["step"] == 15
+    assert "spike" not in kinds and "nonfinite" not in kinds and "flat" not in kinds
+
+
+def test_curve_finds_the_spike_and_the_nan(tb_run):
+    res = forensics("curve", tb_run, "--metric", "train/loss", "--json")
+    assert res.returncode == 1
+    found = as_json(res)["findings"]
+    assert [f["step"] for f in found if f["kind"] == "spike"] == [30]
+    (nan,) = [f for f in found if f["kind"] == "nonfinite"]
+    assert nan["step"] == 40 and nan["count"] == 1
+    text = forensics("curve", tb_run, "--metric", "train/loss").stdout
+    assert "FAIL nonfinite" in text and "WARN spike" in text
+
+
+def test_curve_finds_a_flat_tail_and_needs_a_direction_for_unclear_names(tb_run):
+    res = forensics("curve", tb_run, "--metric", "lr")
+    assert res.returncode == 2 and "--mode" in res.stderr and len(res.stderr.splitlines()) == 1
+    res = forensics("curve", tb_run, "--metric", "lr", "--mode", "min", "--json")
+    assert res.returncode == 1
+    (flat,) = [f for f in as_json(res)["findings"] if f["kind"] == "flat"]
+    assert flat["step"] == 30 and flat["value"] == 0.0
+
+
+def test_a_clean_curve_is_ok(tmp_path):
+    run = tmp_path / "clean"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / (1 + s)}) + "\n"
+                                               for s in range(40)))
+    res = forensics("curve", run, "--metric", "loss")
+    assert res.returncode == 0 and "OK no early peak" in res.stdout, res.stdout + res.stderr
+
+
+def test_missing_tensorboard_is_one_note_and_exit_3(tb_run, tmp_path):
+    shadow = tmp_path / "shadow" / "tensorboard"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('tensorboard hidden by the test')\n")
+    env = dict(os.environ, PYTHONPATH=str(shadow.parent))
+    res = forensics("curve", tb_run, "--metric", "val/loss", env=env)
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "tensorboard package is not installed" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_an_absent_metric_is_exit_3(tb_run):
+    res = forensics("curve", tb_run, "--metric", "val/accuracy")
+    assert res.returncode == 3 and "no source logs 'val/accuracy'" in res.stderr
+
+
+# ---------------------------------------------------------------- W&B offline runs
+
+def test_list_reads_offline_wandb_history(wandb_runs):
+    out = as_json(forensics("list", *wandb_runs, "--metric", "eval/loss", "--json"))
+    assert [r["name"] for r in out["runs"]] == ["a", "b"]
+    for row in out["runs"]:
+        m = row["metrics"]["eval/loss"]
+        assert m["best_step"] == 9 and m["last_step"] == 29 and m["points"] == 30
+        assert math.isclose(m["best"], 0.1) and math.isclose(m["last"], 0.1 + 0.03 * 20)
+
+
+def test_list_of_a_parent_folder_lists_each_run(wandb_runs):
+    out = as_json(forensics("list", wandb_runs[0].parent, "--json"))
+    names = sorted(r["name"] for r in out["runs"])
+    assert names == ["a", "b"]
+    assert out["runs"][0]["metrics"]["acc"]["best_step"] == 18   # the first step reaching 0.9
+
+
+def test_diff_shows_only_the_knob_that_differs(wandb_runs):
+    out = as_json(forensics("diff", *wandb_runs, "--json"))
+    keys = {row["key"]: row for row in out["differing"]}
+    assert keys["wandb.config.lr"]["a"] == 0.1 and keys["wandb.config.lr"]["b"] == 0.01
+    assert "wandb.config.name" in keys
+    assert "wandb.config.model.depth" not in keys and "wandb.config.seed" not in keys
+    assert not any(k.startswith("wandb.run.") for k in keys), "run identity is left out without --all"
+
+
+def test_curve_on_wandb_finds_the_early_peak(wandb_runs):
+    res = forensics("curve", wandb_runs[0], "--metric", "eval/loss", "--json")
+    assert res.returncode == 1
+    assert [f["step"] for f in as_json(res)["findings"] if f["kind"] == "early_peak"] == [9]
+
+
+def test_the_wandb_api_needs_a_key(tmp_path):
+    env = dict(os.environ)
+    env.pop("WANDB_API_KEY", None)
+    res = forensics("list", "wandb:someone/project", env=env)
+    assert res.returncode == 3 and "WANDB_API_KEY" in res.stderr
+
+
+# ---------------------------------------------------------------- run dirs: JSONL, CSV, run.json, env.json
+
+def launcher_run(tmp_path, name, lr, seed, torch_version):
+    run = tmp_path / name
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"run_id": name, "cwd": "/w", "created_at": "2026-12-01T00:00:00Z",
+                                              "cmd": ["python3", "train.py", "--lr", str(lr), "--seed", str(seed)]}))
+    (run / "env.json").write_text(json.dumps({"python": {"version": "3.11.7"}, "torch": {"version": torch_version},
+                                              "git": {"commit": "abc", "dirty": False}, "host": name}))
+    (run / "log.csv").write_text("epoch,val_acc\n" + "".join("%d,%s\n" % (e, 0.1 * e) for e in range(6)))
+    return run
+
+
+def test_diff_of_launcher_runs_flattens_cmd_and_environment(tmp_path):
+    a = launcher_run(tmp_path, "a", 0.1, 1, "2.5.0")
+    b = launcher_run(tmp_path, "b", 0.1, 2, "2.6.0")
+    out = as_json(forensics("diff", a, b, "--json"))
+    keys = {row["key"] for row in out["differing"]}
+    assert keys == {"cmd.seed", "run.cmd", "env.torch.version"}, keys
+    text = forensics("diff", a, b).stdout
+    assert "WARN more than the one knob" in text
+    assert "run.run_id" in {r["key"] for r in as_json(forensics("diff", a, b, "--all", "--json"))["differing"]}
+
+
+def test_list_reads_csv_with_its_step_column(tmp_path):
+    run = launcher_run(tmp_path, "a", 0.1, 1, "2.5.0")
+    m = as_json(forensics("list", run, "--metric", "val_acc", "--json"))["runs"][0]["metrics"]["val_acc"]
+    assert m["best_step"] == 5 and m["mode"] == "max" and math.isclose(m["best"], 0.5)
