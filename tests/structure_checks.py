@@ -266,7 +266,9 @@ def script_options(path: Path):
     """Every long option a script's --help mentions (for tools with subcommands, theirs too)."""
     import sys
     subcommands = {"deadman.py": ["arm", "ack", "status"], "idle_watch.py": ["arm", "status", "disarm"],
-                   "rgt.py": ["push", "probe", "launch", "status", "patrol", "logs", "ack", "pull", "gate", "ledger"]}
+                   "rgt.py": ["push", "probe", "launch", "status", "patrol", "logs", "ack", "resume", "pull", "gate",
+                              "ledger"],
+                   "run_forensics.py": ["list", "diff", "curve"]}
     runs = [[]] + [[s] for s in subcommands.get(path.name, [])]
     text = ""
     for sub in runs:
