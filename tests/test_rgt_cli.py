@@ -13,6 +13,7 @@ import pytest
 
 from conftest import NODE, SCRIPTS, need, path_without
 from sshd_fixture import sshd_server  # noqa: F401
+from test_run_one import wait_for
 
 RGT = SCRIPTS / "rgt.py"
 
@@ -188,24 +189,15 @@ def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, 
     live = rgt(tmp_path, sshd_server, "resume", "gpu-box", "res-1")
     assert live.returncode == 3 and "still live" in live.stdout, live.stdout + live.stderr
     (work / "hold").unlink()
-    assert wait(lambda: state() == "failed")
+    assert wait_for(lambda: state() == "failed", 120)
     (work / "fail").unlink()
     again = rgt(tmp_path, sshd_server, "--json", "resume", "gpu-box", "res-1")
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads(again.stdout)["attempt"] == 2
-    assert wait(lambda: state() == "succeeded")
+    assert wait_for(lambda: state() == "succeeded", 120)
     status = json.loads((durable / "runs" / "res-1" / "status.json").read_text())
     assert status["attempt"] == 2 and (work / "out" / "result.txt").read_text() == "done"
     events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert [(e["attempt"], e["state"]) for e in events if e["event"] == "resume"] == \
         [(2, "resume_refused"), (2, "launched")]
 
-
-def wait(predicate, timeout=120.0):
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return predicate()
