@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Pull a run's results off a node (rsync, or a tar stream), verify every byte, then promote them atomically.
 
-Local side, standard library only (plus rsync, or tar, at both ends; ssh for remote sources). The node must
+Local side, standard library only (plus ssh for remote sources; rsync where both ends have it, else a tar
+stream, made by python3's tarfile on a node without tar). The node must
 hold a manifest written by build_pull_manifest.py. Nothing reaches DEST/<run_id>/ unless every file
 listed in it is present with the right size and SHA-256 and nothing else is present.
 
@@ -20,7 +21,8 @@ What it does, in order:
   2. copies exactly the listed files (symlinks as content) into DEST/.staging-<run_id>/. Transport
      (--transport, default auto): rsync when both ends have it, with --partial-dir=.rsync-partial, so
      a re-run after Ctrl-C, a dropped connection or a crash continues from the bytes already there;
-     otherwise one tar stream (`tar -ch` on the node over ssh, or locally), unpacked member by member
+     otherwise one tar stream (`tar -ch` on the node over ssh, or locally; python3's tarfile where there
+     is no tar: the summary's transfer.packer says which), unpacked member by member
      with only listed regular files accepted, resumable per file: files already in staging with the
      manifest's size and hash are not sent again. The summary says which transport ran;
   3. verifies the staging tree in parallel: missing, extra, truncated or oversized files, changed
@@ -312,6 +314,7 @@ class TarRun:
         self.keep_fds = tuple(keep_fds)
         self.entries = {e["path"]: e for e in manifest["files"]}
         self.proc = None
+        self.packer = "tar"  # or "python3" where the sending end has no tar
 
     def already_good(self):
         """Paths whose staging copy verifies already (size first, then the hash)."""
@@ -326,10 +329,15 @@ class TarRun:
         return set(sized) - {b["path"] for b in bad}
 
     def argv(self):
-        tar = ["tar", "-chf", "-", "-T", "-"]  # -h: a symlink inside the root is sent as its content
+        """tar -ch (a symlink inside the root is sent as its content); where the node, or this machine,
+        has no tar, python3's tarfile writes the same stream (core.tar_pack_shell)."""
         if self.host is None:
-            return tar, os.path.expanduser(self.root)
-        return rsh_argv(self.rsh) + [self.host, "cd " + remote_quote(self.root) + " && " + " ".join(tar)], None
+            if shutil.which("tar"):
+                return ["tar", "-chf", "-", "-T", "-"], os.path.expanduser(self.root)
+            self.packer = "python3"
+            return [sys.executable, "-c", core.TAR_PACK_PY], os.path.expanduser(self.root)
+        return rsh_argv(self.rsh) + [self.host, "cd " + remote_quote(self.root) + " && " +
+                                     core.tar_pack_shell(shlex.quote)], None
 
     def run(self) -> dict:
         started = time.monotonic()
@@ -362,11 +370,15 @@ class TarRun:
             rc = self.proc.wait()
             feeder.join(5)
             err.seek(0)
-            result["stderr_tail"] = (err.read().decode("utf-8", "replace").strip().splitlines()[-5:]
-                                     + result["stderr_tail"])
+            lines = err.read().decode("utf-8", "replace").strip().splitlines()
             err.close()
+            if core.NO_TAR_NOTE in lines:
+                self.packer = "python3"
+                lines.remove(core.NO_TAR_NOTE)
+            result["stderr_tail"] = lines[-5:] + result["stderr_tail"]
         result["rc"] = rc or (1 if broken else 0)
         result["seconds"] = round(time.monotonic() - started, 3)
+        result["packer"] = self.packer
         return result
 
     def _feed(self, wanted):
@@ -517,8 +529,6 @@ def main(argv=None) -> int:
                              "brew install rsync), or use --transport tar")
         if args.bwlimit is not None and args.transport == "tar":
             raise UsageError("--bwlimit needs rsync; the tar transport has no rate cap")
-        if args.transport == "tar" and not shutil.which("tar") and host is None:
-            raise UsageError("--transport tar: tar is not installed here")
         if args.jobs < 1:
             raise UsageError("--jobs must be at least 1")
         if args.bwlimit is not None and args.bwlimit < 1:
@@ -652,7 +662,8 @@ def main(argv=None) -> int:
     emit(args, summary, [f"OK pulled and verified run {run_id}: {manifest['file_count']} files, "
                          f"{human(manifest['total_bytes'])} -> {final} ({VERIFIED_NAME} written, "
                          f"{seconds:.1f} s" + (f", {human(reused)} reused from earlier attempts" if reused else "")
-                         + ")"])
+                         + (", tar stream made by python3: no tar on the node"
+                            if summary["transfer"].get("packer") == "python3" else "") + ")"])
     return 0
 
 

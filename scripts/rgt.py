@@ -4,7 +4,8 @@
 Every command builds its ssh call from argv (each remote word quoted; "~/" kept for the node's
 shell to expand), so no user input is ever pasted into a shell string. HOST is an ssh alias or
 user@host; -p/-i/--ssh-config add the usual ssh options. Every push, launch, pull and gate is
-appended to a run ledger in the user's state dir, so `rgt.py ledger` can list what may still bill.
+appended to a run ledger in the user's state dir (host, profile, run id, attempt, state, time), so
+`rgt.py ledger` can list what may still bill; a relaunched attempt is listed again until gated.
 
 Usage:
   rgt.py [global options] push   HOST [--transport auto|rsync|tar]
@@ -48,8 +49,9 @@ succeeded run, or past the attempt cap (--max-attempts overrides the launch's) o
 gate: the teardown gate with our checkpoint inspector on every pulled checkpoint (--no-inspect skips
 that part; the byte-for-byte match with the node is never skipped).
 
-push: rsync when both ends have it, else a tar stream over ssh (--transport forces one). The
-node folder gets the toolkit plus profiles/index.json, then the node's copy of the core checks that
+push and pull: rsync when both ends have it, else a tar stream over ssh (--transport forces one); a node
+with no tar either makes and reads the stream with python3's tarfile (python3 is all the toolkit needs).
+Push and pull say which ran. The node folder gets the toolkit plus profiles/index.json, then the node's copy of the core checks that
 every file matches the version stamp; the command prints the version the node now runs.
 
 Exit codes: 0 OK (status: the run succeeded); 1 a check failed; 2 usage or bad input; 3 a gate
@@ -190,11 +192,13 @@ def ledger_runs(events):
         if not rid:
             continue
         rec = runs.setdefault((host, rid), {"host": host, "run_id": rid, "gate": None})
-        for key in ("profile", "run_dir", "results_dir", "state", "dest"):
+        for key in ("profile", "run_dir", "results_dir", "state", "dest", "attempt"):
             if event.get(key):
                 rec[key] = event[key]
         if event.get("event") == "gate":
             rec["gate"] = event.get("verdict")
+        elif event.get("event") in ("launch", "resume") and event.get("state") == "launched":
+            rec["gate"] = None  # a new attempt runs (and bills) again: an earlier gate PASS no longer covers it
         rec["last_event"], rec["last_seen"] = event.get("event"), event.get("time")
     return runs, boxes
 
@@ -260,11 +264,12 @@ def cmd_push(args, ssh):
                            % "; ".join(core.toolkit_problems(NODE_SRC)[:3]))
     files = toolkit_files()
     node = args.node_dir
-    probe = checked(ssh.run(remote_command(["mkdir", "-p", node]) + " && command -v rsync >/dev/null 2>&1 && "
-                            "echo rsync || echo none", timeout=120), "push")
+    probe = checked(ssh.run(remote_command(["mkdir", "-p", node]) + " || exit 1; for p in rsync tar; do "
+                            "command -v $p >/dev/null 2>&1 && echo $p; done; echo probed", timeout=120), "push")
     if probe.returncode != 0:
         raise core.CheckFailed("cannot create %s on %s: %s" % (node, args.host, text(probe.stderr).strip()))
-    node_rsync = text(probe.stdout).strip().endswith("rsync")
+    has = text(probe.stdout).split()
+    node_rsync, packer = "rsync" in has, "tar" if "tar" in has else "python3"
     transport = args.transport
     if transport == "auto":
         transport = "rsync" if node_rsync and shutil.which("rsync") else "tar"
@@ -279,8 +284,8 @@ def cmd_push(args, ssh):
         if res.returncode == 0 and files[-1][1] == "index.json":
             res = subprocess.run(["rsync", "-a", "-e", ssh.rsh, files[-1][0], "%s:%s/index.json" % (args.host, target)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
-    else:
-        res = ssh.run(remote_command(["tar", "-x", "-f", "-", "-C", node]), stdin=tar_stream(files), timeout=600)
+    else:  # tar on the node, or python3's tarfile where a minimal image has no tar
+        res = ssh.run(core.tar_unpack_shell(shlex.quote, remote_word(node)), stdin=tar_stream(files), timeout=600)
     if res.returncode != 0:
         raise core.CheckFailed("push over %s failed: %s" % (transport, text(res.stderr).strip()[-300:]))
     check = checked(ssh.run(remote_command(["python3", node + "/rgt_core.py", "--version"]), timeout=120), "push")
@@ -291,10 +296,12 @@ def cmd_push(args, ssh):
                                % (version, want, text(check.stderr).strip()[-300:]))
     ledger_append(ledger_path(args.ledger), event="push", host=args.host, node_dir=node, version=version,
                   transport=transport)
+    how = transport if transport == "rsync" or packer == "tar" else "a tar stream (python3 tarfile: no tar there)"
     return report(args, {"ok": True, "host": args.host, "node_dir": node, "version": version,
-                         "transport": transport, "files": len(files)},
+                         "transport": transport, "node_tar": None if transport == "rsync" else packer,
+                         "files": len(files)},
                   "%s pushed the node toolkit %s to %s:%s over %s (%d files)"
-                  % (core.OK, version, args.host, node, transport, len(files)))
+                  % (core.OK, version, args.host, node, how, len(files)))
 
 
 # ---------------------------------------------------------------- probe, launch, status, logs, ack
@@ -337,7 +344,7 @@ def cmd_launch(args, ssh):
     ok = res.returncode == 0
     ledger_append(ledger_path(args.ledger), event="launch", host=args.host, run_id=rid, profile=profile,
                   run_dir=run_dir, results_dir=results_dir, state="launched" if ok else "launch_failed",
-                  rc=res.returncode)
+                  rc=res.returncode, attempt=launched_attempt(out))
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
               "watch": "python3 scripts/rgt.py status %s %s" % (args.host, rid), "eta": "unknown until the "
               "first progress line (see status)", "cost_so_far": cost_line(args.rate_per_hour, 0.0),
@@ -350,6 +357,24 @@ def cmd_launch(args, ssh):
                        "cost:       %s" % fields["cost_so_far"], "teardown:   %s" % fields["teardown"]])
     report(args, fields, human if ok else "%s launch of %s exited %d" % (core.FAIL, rid, res.returncode))
     return res.returncode
+
+
+def launched_attempt(out):
+    """The attempt number run_one.sh reported ("attempt:  N", or "attempt" in its --json), else None."""
+    try:
+        doc = json.loads(out)
+        if isinstance(doc, dict) and isinstance(doc.get("attempt"), int):
+            return doc["attempt"]
+    except ValueError:
+        pass
+    found = re.search(r"^attempt:\s+(\d+)\s*$", out, re.M)
+    return int(found.group(1)) if found else None
+
+
+def ledger_attempt(args, rid):
+    """The run's latest attempt number in the ledger (for rows of commands that do not ask the node)."""
+    rec = ledger_runs(ledger_events(ledger_path(args.ledger)))[0].get((args.host, rid)) or {}
+    return rec.get("attempt")
 
 
 def cost_line(rate, hours):
@@ -371,7 +396,8 @@ def cmd_status(args, ssh):
         sys.stderr.write(text(res.stderr))
         raise core.CheckFailed("run_status.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
     state = status.get("status") or status.get("state")
-    ledger_append(ledger_path(args.ledger), event="status", host=args.host, run_id=rid, state=state)
+    ledger_append(ledger_path(args.ledger), event="status", host=args.host, run_id=rid, state=state,
+                  attempt=status.get("attempt"))
     if args.json:
         core.emit_json(status)
     else:
@@ -404,7 +430,7 @@ def cmd_ack(args, ssh):
     argv += ["--disarm"] if args.disarm else ["--postpone-minutes", str(args.postpone_minutes)]
     res = checked(ssh.run(remote_command(argv), timeout=120), "ack")
     ledger_append(ledger_path(args.ledger), event="ack", host=args.host, run_id=rid,
-                  action="disarm" if args.disarm else "postpone %s min" % args.postpone_minutes)
+                  attempt=ledger_attempt(args, rid), action="disarm" if args.disarm else "postpone %s min" % args.postpone_minutes)
     sys.stdout.write(text(res.stdout))
     sys.stderr.write(text(res.stderr))
     return res.returncode
@@ -426,10 +452,11 @@ def cmd_resume(args, ssh):
         sys.stderr.write(text(res.stderr))
         raise core.CheckFailed("boot_resume.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
     if not args.dry_run:
+        launched = result.get("action") == "resumed" and result.get("ok")
+        # a refused or failed resume leaves the run at its current attempt; boot_resume names the next one
         ledger_append(ledger_path(args.ledger), event="resume", host=args.host, run_id=rid, profile=profile,
-                      run_dir=run_dir, attempt=result.get("attempt"),
-                      state="launched" if result.get("action") == "resumed" and result.get("ok") else
-                      "resume_" + str(result.get("action")), rc=res.returncode)
+                      run_dir=run_dir, attempt=result.get("attempt") if launched else ledger_attempt(args, rid),
+                      state="launched" if launched else "resume_" + str(result.get("action")), rc=res.returncode)
     if args.json:
         core.emit_json(result)
     else:
@@ -515,7 +542,8 @@ def cmd_patrol(args, ssh):
         escalate = escalate or bad
         results.append({"run_id": rid, "escalate": bad, "why": why, "status": st})
         lines.append("  " + patrol_line(rid, st) + ("  <- ESCALATE: " + "; ".join(why) if bad else ""))
-        ledger_append(ledger_path(args.ledger), event="patrol", host=args.host, run_id=rid, state=st.get("status"))
+        ledger_append(ledger_path(args.ledger), event="patrol", host=args.host, run_id=rid, state=st.get("status"),
+                      attempt=st.get("attempt"))
     head = "%s patrol %s: %d run(s)%s" % ("ESCALATE" if escalate else core.OK, args.host, len(rids),
                                          "" if escalate else ", nothing needs you")
     if args.json:
@@ -538,7 +566,7 @@ def cmd_pull(args, ssh):
                                              "--rsh", ssh.rsh, "--transport", args.transport] + (["--json"] if args.json else [])
     res = subprocess.run(argv)
     ledger_append(ledger_path(args.ledger), event="pull", host=args.host, run_id=rid, dest=args.dest,
-                  state="pulled" if res.returncode == 0 else "pull_failed")
+                  state="pulled" if res.returncode == 0 else "pull_failed", attempt=ledger_attempt(args, rid))
     return res.returncode
 
 
@@ -554,7 +582,7 @@ def cmd_gate(args, ssh):
         + (["--json"] if args.json else [])
     res = subprocess.run(argv)
     ledger_append(ledger_path(args.ledger), event="gate", host=args.host, run_id=rid,
-                  verdict="PASS" if res.returncode == 0 else "REFUSED")
+                  verdict="PASS" if res.returncode == 0 else "REFUSED", attempt=ledger_attempt(args, rid))
     return res.returncode
 
 
@@ -579,8 +607,9 @@ def cmd_ledger(args):
         return 0
     for rec in sorted(open_runs, key=lambda r: (r["host"], r["run_id"])):
         tag = "PASSED gate" if rec.get("gate") == "PASS" else "MAY STILL BE BILLING"
-        print("%-22s %-14s %-30s last %-10s seen %s ago (%s)" % (tag, rec["host"], rec["run_id"],
-              rec.get("last_event"), rec["last_seen_ago"], rec.get("state") or "?"))
+        print("%-22s %-14s %-30s attempt %-3s last %-10s seen %s ago (%s)" % (
+              tag, rec["host"], rec["run_id"], rec.get("attempt") or "?", rec.get("last_event"),
+              rec["last_seen_ago"], rec.get("state") or "?"))
     for box in idle_boxes:
         print("%-22s %-14s %-30s seen %s ago" % ("MAY STILL BE BILLING", box["host"], "(pushed, no run)",
                                                  box["last_seen_ago"]))

@@ -26,8 +26,9 @@ from conftest import need
 
 
 class SshdServer:
-    def __init__(self, base: Path, sshd: str, ssh: str, keygen: str):
+    def __init__(self, base: Path, sshd: str, ssh: str, keygen: str, node_path: str = None):
         self.base = base
+        self.node_path = node_path  # PATH of every session on the "node" (None: sshd's default)
         self.sshd, self.ssh, self.keygen = sshd, ssh, keygen
         self.alias = "gpu-box"
         self.proc = None
@@ -76,8 +77,8 @@ class SshdServer:
                 "UsePAM no",
                 "MaxStartups 50:30:100",
                 "LogLevel ERROR",
-                "",
-            ]))
+                "Subsystem sftp internal-sftp",
+            ] + ([f"SetEnv PATH={self.node_path}"] if self.node_path else []) + [""]))
             # Pin the throwaway host key: no trust-on-first-use, nothing in ~/.ssh/known_hosts.
             known = self.base / "known_hosts"
             known.write_text(f"[127.0.0.1]:{self.port} {key_type} {key_blob}\n")
@@ -147,5 +148,26 @@ def sshd_server(tmp_path_factory):
         server.start()
     except RuntimeError as exc:
         pytest.fail(str(exc))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def bare_node_sshd(tmp_path_factory):
+    """A second sshd whose sessions see a PATH without rsync, tar and tmux: a minimal rented container
+    (python3, coreutils and a shell only). The laptop side keeps its own PATH."""
+    sshd, ssh, keygen = need("sshd"), need("ssh"), need("ssh-keygen")
+    from conftest import path_without
+    base = tmp_path_factory.mktemp("bare-sshd")
+    node_path = path_without(base / "node-bin", "rsync", "tar", "tmux")
+    server = SshdServer(base, os.path.abspath(sshd), ssh, keygen, node_path=node_path)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    for program in ("rsync", "tar", "tmux"):
+        if server.run(f"command -v {program}").returncode == 0:
+            server.stop()
+            pytest.fail(f"the bare node still finds {program}: sshd's SetEnv PATH did not take")
     yield server
     server.stop()

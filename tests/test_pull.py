@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_module, path_without
-from sshd_fixture import sshd_server  # noqa: F401  (session fixture: real sshd + ssh config "gpu-box")
+from sshd_fixture import bare_node_sshd, sshd_server  # noqa: F401  (session fixtures: real sshd, alias "gpu-box")
 
 sys.path.insert(0, str(SCRIPTS)); sys.path.insert(0, str(NODE))
 import evidence  # noqa: E402
@@ -619,6 +619,43 @@ def test_without_rsync_auto_picks_tar_locally_and_over_ssh(sshd_server, node, tm
         same_tree(node, tmp_path / name / RUN)
     forced = run(PULL, "--source", str(node), "--dest", tmp_path / "forced", "--transport", "rsync", env=env)
     assert forced.returncode == 2 and "rsync is not installed" in forced.stderr
+
+
+def test_a_node_without_tar_sends_the_stream_with_python3(bare_node_sshd, node, tmp_path):
+    """A node with neither rsync nor tar: auto picks the tar stream and python3 makes it; a symlink inside
+    the root arrives as its content; a re-run after a cut resends only the files staging lacks."""
+    os.symlink("ckpt/epoch_1.pt", node / "best.pt")
+    assert build(node, ROSTER + ("best.pt",)).returncode == 0
+    dest = tmp_path / "dest"
+    staging = dest / f".staging-{RUN}"
+    (staging / "ckpt").mkdir(parents=True)
+    shutil.copyfile(node / "ckpt" / "epoch_1.pt", staging / "ckpt" / "epoch_1.pt")   # verified already
+    done = pull(f"gpu-box:{node}", dest, bare_node_sshd.rsh, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["transport"] == "tar" and summary["transfer"]["packer"] == "python3"
+    manifest = same_tree(node, dest / RUN)
+    assert summary["transfer"]["files_reused"] == 1
+    assert summary["transfer"]["files_transferred"] == manifest["file_count"] - 1
+    assert (dest / RUN / "best.pt").is_file() and not (dest / RUN / "best.pt").is_symlink()
+
+
+def test_a_node_without_tar_still_reports_damage_by_file(bare_node_sshd, node, tmp_path):
+    flip_byte(node / "ckpt" / "epoch_1.pt", 70_000)
+    (node / "final.json").unlink()
+    done = pull(f"gpu-box:{node}", tmp_path / "dest", bare_node_sshd.rsh)
+    assert done.returncode == 1
+    assert re.search(r"^FAIL sha256: ckpt/epoch_1\.pt: content differs from the manifest", done.stdout, re.M)
+    assert re.search(r"^FAIL missing: final\.json", done.stdout, re.M), done.stdout
+    assert "final.json" in done.stdout and not (tmp_path / "dest" / RUN).exists()
+
+
+def test_a_laptop_without_tar_packs_a_local_source_with_python(node, tmp_path):
+    env = dict(os.environ, PATH=path_without(tmp_path / "bin", "rsync", "tar"))
+    done = run(PULL, "--source", node, "--dest", tmp_path / "dest", "--json", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["transfer"]["packer"] == "python3"
+    same_tree(node, tmp_path / "dest" / RUN)
 
 
 def test_tar_stream_with_an_unlisted_member_is_refused(tmp_path):

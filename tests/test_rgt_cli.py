@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import NODE, SCRIPTS, need, path_without
-from sshd_fixture import sshd_server  # noqa: F401
+from sshd_fixture import bare_node_sshd, sshd_server  # noqa: F401
 from test_run_one import wait_for
 
 RGT = SCRIPTS / "rgt.py"
@@ -63,10 +63,24 @@ def test_the_whole_chain_over_ssh(tmp_path, sshd_server, bare):  # noqa: F811
             os.environ["PATH"] = saved
 
 
-def chain(tmp_path, server, bare):
+def test_the_whole_chain_on_a_node_without_rsync_tar_or_tmux(tmp_path, bare_node_sshd):  # noqa: F811
+    """A minimal container (python3 and a shell only) behind sshd, reached from a laptop without rsync or
+    tmux: push and pull pick the tar stream by themselves, python3 makes it on the node, the job runs
+    under setsid, and every byte still verifies."""
+    os.environ["PATH"], saved = path_without(tmp_path / "bin", "rsync", "tmux"), os.environ["PATH"]
+    try:
+        chain(tmp_path, bare_node_sshd, bare=True, bare_node=True)
+    finally:
+        os.environ["PATH"] = saved
+
+
+def chain(tmp_path, server, bare, bare_node=False):
     sshd_server = server
     durable, work = tmp_path / "durable", tmp_path / "work"
-    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    pushed = rgt(tmp_path, sshd_server, "--json", "push", "gpu-box", *(() if bare_node else ("--transport", "tar")))
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert json.loads(pushed.stdout)["transport"] == "tar"
+    assert json.loads(pushed.stdout)["node_tar"] == ("python3" if bare_node else "tar")
     probe = rgt(tmp_path, sshd_server, "--json", "probe", "gpu-box", "--profile", "local", "--",
                 "--data-dir", str(work), "--durable-dir", str(durable), "--gpu-timeout", "2")
     assert probe.returncode == 0, probe.stderr
@@ -82,6 +96,7 @@ def chain(tmp_path, server, bare):
     assert res.returncode == 0, res.stdout + res.stderr
     for field in ("run id:", "watch:", "ETA:", "cost:", "teardown:"):
         assert field in res.stdout
+    assert ("detach:   setsid" in res.stdout) == bare_node  # no tmux on the node: its own session instead
     assert (work / "out" / "result.txt").read_text() == hostile  # the argument arrived as one word
     assert not list(tmp_path.rglob("PWNED*")) and not (work / "PWNED").exists()
 
@@ -98,6 +113,7 @@ def chain(tmp_path, server, bare):
     res = rgt(tmp_path, sshd_server, "pull", "gpu-box", "cli-1", "--dest", str(pulled))
     assert res.returncode == 0, res.stdout + res.stderr
     assert ("(rsync)" if shutil.which("rsync") and not bare else "(tar)") in res.stderr
+    assert ("tar stream made by python3" in res.stdout) == bare_node
 
     assert (pulled / "cli-1" / "out" / "result.txt").read_text() == hostile
     res = rgt(tmp_path, sshd_server, "gate", "gpu-box", "cli-1", "--dest", str(pulled))
@@ -106,6 +122,24 @@ def chain(tmp_path, server, bare):
     ledger = rgt(tmp_path, sshd_server, "--json", "ledger")
     assert json.loads(ledger.stdout)["runs"] == []  # through the gate: no longer listed
     assert "cli-1" in rgt(tmp_path, sshd_server, "ledger", "--all").stdout
+    events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["attempt"]) for e in events if e.get("run_id")] == \
+        [("launch", 1), ("status", 1), ("pull", 1), ("gate", 1)]
+
+
+def test_a_relaunched_attempt_after_a_gate_pass_is_listed_again(tmp_path):
+    """The ledger folds events in order: a resume that launched after a gate PASS bills again."""
+    path = tmp_path / "ledger.jsonl"
+    rows = [{"event": "launch", "host": "box", "run_id": "r1", "attempt": 1, "state": "launched"},
+            {"event": "gate", "host": "box", "run_id": "r1", "attempt": 1, "verdict": "PASS"},
+            {"event": "resume", "host": "box", "run_id": "r1", "attempt": 2, "state": "launched"}]
+    for n in (2, 3):
+        path.write_text("".join(json.dumps(dict(r, time="2026-12-0%dT00:00:00Z" % i)) + "\n"
+                                for i, r in enumerate(rows[:n], 1)))
+        res = subprocess.run([sys.executable, str(RGT), "--ledger", str(path), "--json", "ledger"],
+                             capture_output=True, text=True, timeout=60)
+        runs = json.loads(res.stdout)["runs"]
+        assert [(r["run_id"], r["attempt"]) for r in runs] == ([] if n == 2 else [("r1", 2)])
 
 
 def test_a_pushed_box_without_a_run_is_listed_as_possibly_billing(tmp_path, sshd_server):  # noqa: F811
@@ -199,5 +233,9 @@ def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, 
     assert status["attempt"] == 2 and (work / "out" / "result.txt").read_text() == "done"
     events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert [(e["attempt"], e["state"]) for e in events if e["event"] == "resume"] == \
-        [(2, "resume_refused"), (2, "launched")]
+        [(1, "resume_refused"), (2, "launched")]
+    assert [e["attempt"] for e in events if e["event"] == "launch"] == [1]
+    assert {e["attempt"] for e in events if e["event"] == "status"} <= {1, 2}
+    ledger = json.loads(rgt(tmp_path, sshd_server, "--json", "ledger").stdout)
+    assert [(r["run_id"], r["attempt"]) for r in ledger["runs"]] == [("res-1", 2)]
 

@@ -22,6 +22,7 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
   Parser / run_main / die            one-line errors with one prefix and the exit-code contract
   arg_number                         an argparse type for a bounded finite number (nan/inf refused)
   check_toolkit / toolkit_version    the node folder's version stamp (VERSION.json)
+  tar_pack_shell / tar_unpack_shell  a tar stream over ssh on a host with no tar (python3 tarfile)
 
 Exit codes shared by every script: 0 OK, 1 a check failed, 2 usage or bad input, 3 a gate refused.
 """
@@ -840,6 +841,58 @@ def streamed_program(main_path, modules=("rgt_core", "evidence")):
     lines.append("sys.argv[0] = %r; exec(compile(%r, %r, 'exec'), {'__name__': '__main__', '__file__': %r})"
                  % (base, source, base, base))
     return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+# ---------------------------------------------------------------- tar streams on a host without tar
+# A minimal rented container may have neither rsync nor tar, but it has python3 (the toolkit runs on it).
+# These two programs run there as `python3 -c` and speak the same uncompressed tar stream as `tar`.
+
+TAR_PACK_PY = r"""
+import os, sys, tarfile
+out = tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT, dereference=True)
+rc = 0
+for raw in sys.stdin.buffer.read().split(b"\n"):
+    if raw:
+        name = os.fsdecode(raw)
+        try:
+            out.add(name, recursive=False)
+        except OSError as exc:
+            sys.stderr.write("python3 tar: %s: %s\n" % (name, exc.strerror or exc))
+            rc = 2
+out.close()
+sys.exit(rc)
+"""
+
+TAR_UNPACK_PY = r"""
+import os, sys, tarfile
+dest = sys.argv[1]
+with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as stream:
+    for member in stream:
+        if not member.isreg() or "/" in member.name or member.name.startswith("."):
+            sys.exit("python3 untar: refused member %r (only plain top-level files)" % member.name)
+        path = os.path.join(dest, member.name)
+        part = path + ".rgt-part"
+        with open(part, "wb") as handle:
+            handle.write(stream.extractfile(member).read())
+        os.chmod(part, (member.mode & 0o755) | 0o600)
+        os.replace(part, path)
+"""
+
+NO_TAR_NOTE = "rgt: no tar on this host; python3 tarfile makes the stream"
+
+
+def tar_pack_shell(quote):
+    """A POSIX sh command, run in the source folder, that writes to stdout a tar of the ./NAMES read from
+    stdin (symlinks sent as their content): tar where it exists, else TAR_PACK_PY. QUOTE: shlex.quote."""
+    return ("if command -v tar >/dev/null 2>&1; then tar -chf - -T -; else echo %s >&2; exec python3 -c %s; fi"
+            % (quote(NO_TAR_NOTE), quote(TAR_PACK_PY)))
+
+
+def tar_unpack_shell(quote, dest_word):
+    """A POSIX sh command that unpacks a flat tar from stdin into DEST_WORD (already quoted for the shell,
+    so a leading "$HOME"/ can expand): tar where it exists, else TAR_UNPACK_PY."""
+    return ("if command -v tar >/dev/null 2>&1; then tar -x -f - -C %s; else echo %s >&2; exec python3 -c %s %s; fi"
+            % (dest_word, quote(NO_TAR_NOTE), quote(TAR_UNPACK_PY), dest_word))
 
 
 def _main(argv=None):

@@ -893,7 +893,8 @@ def launch_info(run_dir, args):
     if args.deadman_pid:
         state = core.deadman_state(run_dir)
         dm = {"pid": args.deadman_pid, "state": state["word"].lower(), "dry_run": bool(args.dry_run)}
-    return {"run_id": run.get("run_id"), "run_dir": run_dir, "cwd": run.get("cwd"), "detach": doc.get("detach"),
+    return {"run_id": run.get("run_id"), "attempt": doc.get("attempt"), "run_dir": run_dir, "cwd": run.get("cwd"),
+            "detach": doc.get("detach"),
             "tmux": {"socket": tmux, "session": tmux, "attach": watch[-1]} if tmux else None,
             "supervisor_pid": doc.get("supervisor_pid"), "supervisor_identity": doc.get("supervisor_identity"),
             "deadman": dm or {"pid": None, "state": "disabled", "dry_run": False},
@@ -906,7 +907,7 @@ def launch_info(run_dir, args):
 
 
 def report_text(info):
-    lines = ["run id:   %s" % info["run_id"], "run dir:  %s" % info["run_dir"]]
+    lines = ["run id:   %s" % info["run_id"], "attempt:  %s" % (info["attempt"] or "?"), "run dir:  %s" % info["run_dir"]]
     if info["tmux"]:
         lines.append("detach:   tmux session %s on its own server (socket %s), supervisor pid %s"
                      % (info["tmux"]["session"], info["tmux"]["socket"], info["supervisor_pid"]))
