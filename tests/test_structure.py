@@ -249,3 +249,25 @@ def test_opening_check_catches_a_bare_catalog(tree):
         "# Bare\n\n### ZZ9 — Thing\n**Symptom** a **Cause** b **Fix** c **Check** d\n")
     problems = [p for p in sc.check_reference_openings(tree) if "bare.md" in p]
     assert len(problems) == 3
+
+
+# --- reference size: split a file that passes ~25 KB (GUIDE.md section 5) ---------------------
+
+REFERENCE_MAX_BYTES = 25_600
+
+
+def oversized_references(root):
+    """['path (N bytes)'] for every references/**/*.md larger than REFERENCE_MAX_BYTES."""
+    return [f"{p.relative_to(root).as_posix()} ({p.stat().st_size} bytes)"
+            for p in sorted((root / "references").rglob("*.md")) if p.stat().st_size > REFERENCE_MAX_BYTES]
+
+
+def test_every_reference_within_25_kb():
+    over = oversized_references(REPO)
+    assert over == [], (f"over {REFERENCE_MAX_BYTES} bytes, split by topic (GUIDE.md section 5): "
+                        + ", ".join(over))
+
+
+def test_size_check_catches_a_long_reference(tree):
+    (tree / "references" / "long.md").write_text("x" * (REFERENCE_MAX_BYTES + 1))
+    assert oversized_references(tree) == [f"references/long.md ({REFERENCE_MAX_BYTES + 1} bytes)"]
