@@ -257,7 +257,10 @@ def test_success_syncs_verified_and_deadman_armed_before_job(box, detach):
     dest = box.durable / "results" / "ok1"
     assert sync["results_dir"] == str(dest) and sync["manifest"] == str(dest / "PULL_MANIFEST.json")
     manifest = manifest_of(dest)
-    assert manifest["roster"] == ["out/*.bin", "out/sub", "logs/**"]
+    # the run's record travels with its results (the sync waited for run_env.py), so a pull is a run dir
+    assert manifest["roster"] == ["out/*.bin", "out/sub", "run.json", "env.json", "logs/**"]
+    for name in ("run.json", "env.json"):
+        assert (dest / name).read_bytes() == (rd / name).read_bytes()
     paths = [f["path"] for f in manifest["files"]]
     assert [p for p in paths if p.startswith("out/")] == ["out/model.bin", "out/sub/metrics.json"]
     assert {"logs/job.log", "logs/supervisor.log", "logs/deadman.log"} <= set(paths), paths

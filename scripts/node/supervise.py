@@ -48,12 +48,13 @@ exactly one of them wins, the launcher learns the start from the file, never fro
 looked like, and a run that ran is never overwritten or disarmed by its launcher.
 
 The sync (the one evidence format): the --output globs (relative to the job's cwd; * and **
-match dotfiles) and the run's logs (job.log, supervisor.log, deadman.log -> logs/) are copied to
-the results dir, each copy hashed while copying, fsynced and content-checked before it replaces
+match dotfiles), the run's record (run.json, env.json, code.patch, at the top, unless an output
+has that name) and its logs (job.log, supervisor.log, deadman.log -> logs/) are copied to
+the results dir, so a pulled copy serves repro.py and run_forensics.py as a run dir; each copy hashed while copying, fsynced and content-checked before it replaces
 anything. A source that changes during its copy, a zero-byte file (unless --allow-empty covers
 it) or a damaged checkpoint never replaces the previous durable copy: the old one stays and
 status.json sync.kept_previous says so. Then PULL_MANIFEST.json is built over the results dir
-(evidence.build_manifest, roster = the outputs + logs/**), which re-reads every copy; status.json
+(evidence.build_manifest, roster = the outputs + the record + logs/**), which re-reads every copy; status.json
 "sync" records ok, verified, results_dir, manifest, file_count, total_bytes, error,
 kept_previous, started_at, finished_at. A full disk ends in sync_failed with the error recorded
 (a small reserve file in the run dir is given up so the final status can still be written).
@@ -92,6 +93,10 @@ PART_SUFFIX = ".rgt-part"
 TERMINAL = ("succeeded", "failed", "sync_failed")
 LOG_NAMES = ("job.log", "supervisor.log", "deadman.log")
 LOGS_ROSTER = "logs/**"
+# The run's own record, beside the outputs at the top of the results dir, so a pulled copy is a run dir for
+# repro.py and run_forensics.py: the launch (run.json), the environment (env.json), uncommitted code (code.patch).
+RECORD_NAMES = ("run.json", "env.json", "code.patch")
+RUN_ENV_WAIT_SECONDS = 120  # run_env.py's own probes time out at 60 s each; it normally takes a second or two
 GLOB_CHARS = "*?["
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 PROGRESS_SECONDS = 30.0
@@ -332,7 +337,10 @@ def op_init(args):
         pass
     try:  # the environment record for reproduction (run_env.py, detached): never blocks or fails a launch
         import run_env
-        run_env.start_detached(run_dir)
+        pid = run_env.start_detached(run_dir)
+        if pid:  # the end-of-run sync waits (bounded) for it, so env.json reaches the results dir
+            with status_lock(run_dir):
+                core.update_json(run_path(run_dir, STATUS), run_env_identity=core.process_identity(pid))
     except Exception as exc:  # noqa: BLE001
         say("%s: the environment was not recorded (%s)" % (PROG, exc))
     return 0
@@ -611,6 +619,16 @@ class Sync(object):
         else:
             self.errors.append("%s: %s" % (rel, reason))
 
+    def wait_for_run_env(self, limit=RUN_ENV_WAIT_SECONDS):
+        """A job that ended within seconds may beat run_env.py (started at launch) to the finish: give it up
+        to LIMIT seconds, so env.json and code.patch are part of the sync. Never longer: it is a record."""
+        ident = read_status(self.run_dir).get("run_env_identity")
+        deadline = time.monotonic() + limit
+        if ident and core.identity_alive(ident):
+            self.note("waiting up to %d s for run_env.py (pid %s) to finish env.json" % (limit, ident.get("pid")))
+            while core.identity_alive(ident) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
     def run(self):
         outputs = list(self.meta.get("outputs") or [])
         self.allow_empty = [LOGS_ROSTER] + list(self.meta.get("allow_empty") or [])
@@ -626,20 +644,25 @@ class Sync(object):
             if rel in plan:
                 self.errors.append("--output %s collides with the run's own log of that name" % rel)
                 del plan[rel]
+        self.wait_for_run_env()
+        records = [(name, run_path(self.run_dir, name)) for name in RECORD_NAMES
+                   if name not in plan and os.path.isfile(run_path(self.run_dir, name))]  # a job's own file wins
         try:
             os.makedirs(self.results, exist_ok=True)
             self.clean_parts()
         except OSError as exc:
             self.errors.append("cannot create the results dir %s: %s" % (self.results, exc.strerror or exc))
             return self.done(doc)
-        # outputs first, logs last (the sync's own notes go to job.log)
-        for (rel, src), snapshot in [(item, False) for item in sorted(plan.items())] + [(item, True) for item in logs]:
+        # outputs first, then the record, logs last (the sync's own notes go to job.log)
+        copies = [(item, False) for item in sorted(plan.items()) + records] + [(item, True) for item in logs]
+        for (rel, src), snapshot in copies:
             if not self.copy_one(rel, src, snapshot):
                 self.errors.append("stopped copying: the results filesystem is full or read-only")
                 break
         for folder in self.folders:
             core.fsync_dir(folder)
-        self.write_manifest(doc, outputs + [LOGS_ROSTER], run_id)
+        self.write_manifest(doc, outputs + [rel for rel, _src in records if rel in self.copied] + [LOGS_ROSTER],
+                            run_id)
         return self.done(doc)
 
     def write_manifest(self, doc, roster, run_id):
@@ -923,7 +946,7 @@ def report_text(info):
     lines.extend("          " + cmd for cmd in info["watch"][1:])
     if info["ack"]:
         lines.append("ack:      %s   (or --disarm)" % info["ack"])
-    lines.append("results:  %s (outputs + logs/, sha256-verified; manifest %s)" % (info["results_dir"],
+    lines.append("results:  %s (outputs + run record + logs/, sha256-verified; manifest %s)" % (info["results_dir"],
                                                                                   evidence.MANIFEST_NAME))
     return "\n".join(lines) + "\n"
 
