@@ -89,3 +89,17 @@ def test_a_run_that_cannot_be_saved_is_reported(box):  # noqa: F811
     text = subprocess.run([sys.executable, str(SWEEP), "--runs-dir", str(box.durable / "runs")], env=box.env,
                           capture_output=True, text=True, timeout=300)
     assert text.returncode == 1 and "do not release the box yet" in text.stdout
+
+
+def test_a_file_changed_after_the_sync_and_saved_nowhere_is_a_conflict(box):  # noqa: F811
+    """The run's verified copy is never synced over with bytes that no durable copy holds: the sweep says
+    CONFLICT (exit 1) and leaves both the copy and the cwd file as they are."""
+    launch(box, "solo")
+    assert box.wait_terminal("solo", 60)["state"] == "succeeded"
+    kept = box.durable / "results" / "solo" / "out_solo" / "model.bin"
+    (box.work / "out_solo" / "model.bin").write_bytes(b"rewritten by something else")
+    code, swept = sweep(box.env, box.durable / "runs")
+    assert code == 1 and swept["solo"]["verdict"] == "CONFLICT", swept
+    assert "saved nowhere" in swept["solo"]["problems"][0]
+    assert kept.read_bytes() == b"weights of solo"
+    assert (box.work / "out_solo" / "model.bin").read_bytes() == b"rewritten by something else"

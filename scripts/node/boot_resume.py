@@ -19,9 +19,14 @@ ago (default 48); it is re-armed instead.
 --run RUN_DIR resumes that one run now, as its next attempt, whatever its opt-in (the agent's
 explicit resume after a preemption or a failure, `rgt.py resume`): the recorded launch is replayed
 in the job's cwd; a dead-man still armed from the last attempt is disarmed first and its settings
-re-armed if the relaunch fails, so one dead-man watches the run at any time. Refused (exit 3) while
-an attempt is still live (its supervisor or job alive: a second live attempt is never started), for
-a succeeded run, with no recorded launch, or past either cap.
+re-armed if the relaunch fails, so one dead-man watches the run at any time. That hand-over runs in
+a child in its own session, which a dropped ssh session or a killed resume does not stop; it records
+its result in RUN_DIR/resume.json. Refused (exit 3) while an attempt is still live (its supervisor
+or job alive: a second live attempt is never started), while another resume of the run holds
+RUN_DIR/resume.lock, while the last dead-man is stopping the box, for a succeeded run, with no
+recorded launch, with a damaged attempt number, or past either cap. In the boot sweep a failed
+relaunch re-arms the dead-man, and a run whose records are damaged is reported and re-armed without
+stopping the sweep of the others.
 
 Usage:
   boot_resume.py --runs-dir DIR [--runs-dir DIR]... [--give-up-hours H] [--dry-run] [--json]
@@ -48,6 +53,32 @@ import rgt_core as core  # noqa: E402
 DROP_ON_REPLAY = ("--wait", "--json")  # a boot hook must not block, and reads no JSON
 
 
+def attempt_of(status):
+    """The attempt number status.json records (1 when absent), or None when it is not a whole number."""
+    value = status.get("attempt", 1) if isinstance(status, dict) else None
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def deadman_busy(run_dir):
+    """True while a dead-man process holds the run's deadman.lock (armed, firing or standing down)."""
+    import fcntl
+    try:
+        fd = os.open(os.path.join(run_dir, "deadman.lock"), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def orphaned(run_dir):
     """(status, run) when the run should be running but nothing of it is alive, else None."""
     status = core.read_json(os.path.join(run_dir, "status.json"))
@@ -72,8 +103,12 @@ def first_started(run_dir, status):
 
 def over_caps(run_dir, status, run, give_up_hours, max_attempts=None):
     """Why the run must not get another attempt (a cap reached), else None."""
-    attempt = int(status.get("attempt") or 1)
-    cap = int(max_attempts or run.get("max_attempts") or 3)
+    attempt = attempt_of(status)
+    if attempt is None:
+        return "status.json's attempt %r is not a number" % status.get("attempt")
+    cap = max_attempts or run.get("max_attempts") or 3
+    if isinstance(cap, bool) or not isinstance(cap, int):
+        return "run.json's max_attempts %r is not a number" % cap
     if attempt >= cap:
         return "attempt %d of at most %d already used" % (attempt, cap)
     first = first_started(run_dir, status)
@@ -128,8 +163,15 @@ def relaunch(run_dir, run):
     return res.rc == 0, round(time.monotonic() - started, 1), res.output.strip().splitlines()[-1:] if res.rc else None
 
 
+def arm_again(run_dir):
+    """Arm a dead-man with the last one's settings -> (ok, last output line)."""
+    arm = [sys.executable, os.path.join(HERE, "deadman.py"), "arm", "--run-dir", run_dir] + rearm_args(run_dir)
+    res = core.run_bounded(arm, 60)
+    return res.rc == 0, res.output.strip().splitlines()[-1:] if res.rc else None
+
+
 def resume(run_dir, status, run, dry_run, give_up_hours):
-    attempt = int(status.get("attempt") or 1)
+    attempt = attempt_of(status) or 1
     why_not = None
     if not run.get("auto_resume"):
         why_not = "not launched with --auto-resume"
@@ -140,65 +182,146 @@ def resume(run_dir, status, run, dry_run, give_up_hours):
             return {"run_dir": run_dir, "action": "would resume", "attempt": attempt + 1, "ok": True}
         mark_failed(run_dir, status, "the node restarted during attempt %d; resumed as attempt %d" % (attempt, attempt + 1))
         ok, seconds, detail = relaunch(run_dir, run)
-        return {"run_dir": run_dir, "action": "resumed", "attempt": attempt + 1, "ok": ok,
-                "seconds_to_launch": seconds, "detail": detail}
+        result = {"run_dir": run_dir, "action": "resumed", "attempt": attempt + 1, "ok": ok,
+                  "seconds_to_launch": seconds, "detail": detail}
+        if not ok and not core.deadman_state(run_dir)["watching"]:  # the box is idle now: watch it anyway
+            result["rearmed"] = arm_again(run_dir)[0]
+        return result
     if dry_run:
         return {"run_dir": run_dir, "action": "would re-arm the dead-man", "why": why_not, "ok": True}
     mark_failed(run_dir, status, "the node restarted during attempt %d (%s)" % (attempt, why_not))
-    arm = [sys.executable, os.path.join(HERE, "deadman.py"), "arm", "--run-dir", run_dir] + rearm_args(run_dir)
-    res = core.run_bounded(arm, 60)
-    return {"run_dir": run_dir, "action": "re-armed the dead-man", "why": why_not, "ok": res.rc == 0,
-            "detail": res.output.strip().splitlines()[-1:] if res.rc else None}
+    ok, detail = arm_again(run_dir)
+    return {"run_dir": run_dir, "action": "re-armed the dead-man", "why": why_not, "ok": ok, "detail": detail}
+
+
+def boot_sweep_one(run_dir, args):
+    """One run of the boot sweep; a run whose records are damaged is reported (and re-armed when it can be),
+    never allowed to stop the sweep of the others."""
+    try:
+        found = orphaned(run_dir)
+        return resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours) if found else None
+    except Exception as exc:  # noqa: BLE001  (one broken run must not leave the rest unwatched)
+        result = {"run_dir": run_dir, "action": "skipped", "ok": False,
+                  "why": "unexpected %s: %s" % (type(exc).__name__, str(exc)[:200])}
+        if not args.dry_run and not core.deadman_state(run_dir)["watching"]:
+            result["rearmed"] = arm_again(run_dir)[0]
+        return result
+
+
+RESUME_LOCK = "resume.lock"
+RESUME_RECORD = "resume.json"
+HAND_OVER_SECONDS = 90
 
 
 def resume_one(run_dir, args):
-    """--run: the explicit resume of one run -> (exit code, result)."""
+    """--run: the explicit resume of one run -> (exit code, result). One resume per run at a time (an
+    flock on RUN_DIR/resume.lock, held from the checks to the end of the relaunch)."""
+    import fcntl
     status = core.read_json(os.path.join(run_dir, "status.json"))
     run = core.read_json(os.path.join(run_dir, "run.json"))
     if not status and not run:
         raise core.UsageError("--run %s is not a run dir (no status.json or run.json)" % run_dir)
-    attempt = int(status.get("attempt") or 1)
+    lock = os.open(os.path.join(run_dir, RESUME_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 3, {"run_dir": run_dir, "ok": False, "action": "refused", "attempt": None,
+                       "why": "another resume of this run is in progress; wait for it (rgt.py status)"}
+        status = core.read_json(os.path.join(run_dir, "status.json"))  # as it is now, under the lock
+        code, result = resume_checks(run_dir, status, run, args)
+        if code is not None:
+            return code, result
+        return hand_over_detached(run_dir, status, run, result)
+    finally:
+        os.close(lock)
+
+
+def resume_checks(run_dir, status, run, args):
+    """(exit code, result) when the resume stops here (refused, or a dry run), else (None, result)."""
+    attempt = attempt_of(status)
+    result = {"run_dir": run_dir, "attempt": None if attempt is None else attempt + 1, "ok": False,
+              "action": "refused"}
     live = [name for name in ("supervisor", "job")
             if core.record_alive(status.get(name + "_identity"), status.get(name + "_pid"))]
-    why = None
-    if live:
+    dm = core.deadman_state(run_dir)
+    if attempt is None:
+        why = "status.json's attempt %r is not a number; repair it by hand first" % status.get("attempt")
+    elif live:
         why = "attempt %d is still live (%s pid %s); a second live attempt is never started - stop it first" % (
             attempt, live[0], status.get(live[0] + "_pid"))
     elif status.get("state") == "succeeded":
         why = "it succeeded; nothing to resume (a new run id starts a new run)"
+    elif not dm["watching"] and deadman_busy(run_dir):
+        why = ("its dead-man is stopping the box now (%s); resume after the stop finishes, if the box is still "
+               "there" % dm["word"].lower())
     else:
         why = cannot_replay(run) or over_caps(run_dir, status, run, args.give_up_hours, args.max_attempts)
-    result = {"run_dir": run_dir, "attempt": attempt + 1, "ok": why is None}
     if why:
-        result.update(action="refused", why=why)
+        result["why"] = why
         return 3, result
+    result["ok"] = True
     if args.dry_run:
         result["action"] = "would resume"
         return 0, result
-    dm = core.deadman_state(run_dir)
+    return None, result
+
+
+def hand_over_detached(run_dir, status, run, result):
+    """Disarm the last dead-man, relaunch, re-arm if the relaunch fails: in a child in its own session, so
+    a dropped ssh session or a killed resume never leaves the run with nothing watching it. The child
+    writes RUN_DIR/resume.json; this process waits for it and reports what it wrote."""
+    record = os.path.join(run_dir, RESUME_RECORD)
+    core.atomic_write_json(record, dict(result, action="resuming", ok=False, started_at=core.utc_iso()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: survives its parent, holds the inherited resume lock until it is done
+        code = 1
+        try:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            code, done = hand_over(run_dir, status, run, dict(result))
+            core.atomic_write_json(record, dict(done, exit_code=code, finished_at=core.utc_iso()))
+        finally:
+            os._exit(code)
+    _, wait_status = os.waitpid(pid, 0)
+    done = core.read_json(record)
+    done.pop("finished_at", None)
+    code = done.pop("exit_code", None)
+    if code is None:
+        code = 1
+        done = dict(result, ok=False, action="resume failed",
+                    why="the hand-over step ended without a result (wait status %d); see rgt.py status" % wait_status)
+    return code, done
+
+
+def hand_over(run_dir, status, run, result):
+    attempt = result["attempt"] - 1
     handed_over = False
-    if dm["watching"]:  # the last attempt's dead-man hands the run to the one the relaunch arms
+    if core.deadman_state(run_dir)["watching"]:  # the last attempt's dead-man hands the run to the new one
         ack = core.run_bounded([sys.executable, os.path.join(HERE, "deadman.py"), "ack", "--run-dir", run_dir,
                                 "--disarm"], 60)
         if ack.rc != 0:
             result.update(ok=False, action="refused", why="the armed dead-man would not disarm: " + ack.output[-200:])
             return 1, result
         handed_over = True
-        deadline = time.monotonic() + 90   # woken by the ack; a stuck one is waited for, never killed
-        while core.deadman_state(run_dir)["watching"] and time.monotonic() < deadline:
+        deadline = time.monotonic() + HAND_OVER_SECONDS   # woken by the ack; a stuck one is waited for, never killed
+        while deadman_busy(run_dir) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if core.deadman_state(run_dir)["watching"]:
-            result.update(ok=False, action="refused", why="the armed dead-man did not stand down within 90 s")
+        if deadman_busy(run_dir):
+            result.update(ok=False, action="refused", why="the armed dead-man did not stand down within %d s"
+                          % HAND_OVER_SECONDS)
             return 1, result
     if status.get("state") in core.ACTIVE_RUN_STATES:
         mark_failed(run_dir, status, "attempt %d died with nothing left alive; resumed as attempt %d" % (
             attempt, attempt + 1))
     ok, seconds, detail = relaunch(run_dir, run)
     result.update(action="resumed", ok=ok, seconds_to_launch=seconds, detail=detail)
-    if not ok and handed_over:   # never leave the run unwatched: the old settings go back on
-        arm = core.run_bounded([sys.executable, os.path.join(HERE, "deadman.py"), "arm", "--run-dir", run_dir]
-                               + rearm_args(run_dir), 60)
-        result["rearmed"] = arm.rc == 0
+    if not ok and handed_over and not core.deadman_state(run_dir)["watching"]:  # never leave it unwatched
+        result["rearmed"] = arm_again(run_dir)[0]
     return (0 if ok else 1), result
 
 
@@ -234,9 +357,9 @@ def main(argv=None):
     for runs in args.runs_dir:
         for name in sorted(os.listdir(runs)):
             run_dir = os.path.join(os.path.abspath(runs), name)
-            found = orphaned(run_dir) if os.path.isdir(run_dir) else None
-            if found:
-                results.append(resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours))
+            result = boot_sweep_one(run_dir, args) if os.path.isdir(run_dir) else None
+            if result:
+                results.append(result)
     ok = all(r["ok"] for r in results)
     if args.json:
         core.emit_json({"ok": ok, "runs": results})

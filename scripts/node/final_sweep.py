@@ -8,7 +8,11 @@ it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
   1. a run whose supervisor or job is still alive is not touched: RUNNING (the box is not ready);
   2. the durable copy is checked: its PULL_MANIFEST.json parses and every file in it re-hashes;
   3. the job's current outputs (the output globs in run.json, in the job's cwd) are compared with it:
-     a file that is new, changed (size, then SHA-256) or missing from the durable copy makes it stale;
+     a file that is new, changed (size, then SHA-256) or missing from the durable copy makes it stale.
+     A file changed after the run's own sync read its outputs may be another writer's (a later run in
+     the same cwd, as in any queue or ablation): with the same bytes in another run's durable copy it
+     is left alone (a note); changed and saved nowhere, it is a CONFLICT: no sync runs, because it
+     would replace the verified copy;
   4. a missing, damaged or stale copy is synced again (the run's own end-of-run sync, supervise.py
      sync: copies hashed while copying, a damaged checkpoint never replaces a good copy), then
      checked again. --check-only reports instead of syncing.
@@ -17,13 +21,14 @@ The sweep writes nothing but what the run's own sync writes, and never deletes a
 Usage:
   final_sweep.py --runs-dir DIR [--runs-dir DIR]... [--check-only] [--jobs N] [--json]
 
-Output: one line per run (OK, SYNCED, RUNNING, STALE, FAILED, SKIPPED) and a verdict; or --json:
-{"ok", "runs": [{"run_id", "run_dir", "verdict", "results_dir", "file_count", "problems"}]}.
+Output: one line per run (OK, SYNCED, RUNNING, STALE, CONFLICT, FAILED) and a verdict; or --json:
+{"ok", "runs": [{"run_id", "run_dir", "verdict", "results_dir", "file_count", "problems", "left_alone"}]}.
 
 Exit codes: 0 every run's outputs are on durable storage and verify (safe to release, as far as the
-runs go: still pull and gate what you need); 1 at least one run is RUNNING, could not be synced or
-still fails verification (each listed); 2 usage; 3 --check-only found runs that need a sync.
+runs go: still pull and gate what you need); 1 at least one run is RUNNING, in CONFLICT, could not be
+synced or still fails verification (each listed); 2 usage; 3 --check-only found runs that need a sync.
 """
+import functools
 import os
 import sys
 
@@ -64,42 +69,93 @@ def durable_problems(results, jobs):
     return manifest, ["durable %s: %s" % (p["path"], p["code"]) for p in found]
 
 
-def stale_outputs(run, manifest):
-    """Outputs in the job's cwd that the durable copy lacks or holds in another version."""
+def synced_at(status):
+    """When the run's last sync started reading its outputs (epoch seconds), or None: a run whose current
+    attempt never synced (it died) owns whatever its outputs hold now."""
+    sync = status.get("sync") if isinstance(status.get("sync"), dict) else {}
+    epoch = sync.get("started_epoch")
+    if isinstance(epoch, (int, float)) and not isinstance(epoch, bool):
+        return float(epoch)
+    started = core.parse_iso(sync.get("started_at"))
+    return started + 2.0 if started is not None else None  # whole seconds only: two of slack
+
+
+def saved_elsewhere(run_dirs_list):
+    """{sha256: run id} over the durable manifests of every run dir (as recorded, not re-hashed here:
+    each run's own check re-hashes its copy)."""
+    index = {}
+    for run_dir in run_dirs_list:
+        run = core.read_json(os.path.join(run_dir, "run.json"))
+        results = run.get("results_dir") or os.path.join(run_dir, "results")
+        doc = core.read_json(os.path.join(results, evidence.MANIFEST_NAME))
+        for entry in doc.get("files") or []:
+            if isinstance(entry, dict) and isinstance(entry.get("sha256"), str):
+                index.setdefault(entry["sha256"], run.get("run_id") or os.path.basename(run_dir))
+    return index
+
+
+def stale_outputs(run, status, manifest, notes, elsewhere):
+    """(stale, conflicts) for the outputs in the job's cwd against the verified durable copy.
+
+    stale: files the copy lacks or holds in another version (a sync fixes them). A file changed after
+    the run's sync read its outputs may be another writer's (a later run in the same cwd, as in any
+    queue or ablation): when another run's durable copy holds the same bytes it is left alone (NOTES);
+    a new one is still saved; a changed one that is saved nowhere is a conflict: a sync would replace
+    the verified copy with it, so nothing is synced and the run is reported."""
     cwd, outputs = run.get("cwd"), run.get("outputs") or []
     if not outputs or not cwd or not os.path.isdir(cwd):
-        return []
+        return [], []
     plan, _errors = supervise.plan_outputs(cwd, outputs)
     held = {e["path"]: e for e in manifest["files"]}
-    stale = []
+    cutoff = synced_at(status)
+    own = run.get("run_id")
+    stale, conflicts = [], []
     for rel, source in sorted(plan.items()):
         entry = held.get(rel)
         try:
-            size = os.stat(source).st_size
-            if entry is None:
+            info = os.stat(source)
+            if entry is not None and info.st_size == entry["size"] and core.sha256_file(source)[1] == entry["sha256"]:
+                continue
+            if cutoff is not None and info.st_mtime > cutoff:
+                other = elsewhere().get(core.sha256_file(source)[1])
+                if other and other != own:
+                    notes.append("%s: changed after this run's sync; the same bytes are in run %s's durable copy, "
+                                 "so this run's verified copy stays" % (rel, other))
+                elif entry is not None:
+                    conflicts.append("%s: changed after this run's sync and saved nowhere; a sync would replace "
+                                     "the verified copy, so none ran (copy the file aside if it is needed)" % rel)
+                else:
+                    stale.append("%s: not on durable storage" % rel)
+            elif entry is None:
                 stale.append("%s: not on durable storage" % rel)
-            elif size != entry["size"] or core.sha256_file(source)[1] != entry["sha256"]:
+            else:
                 stale.append("%s: changed since the sync" % rel)
         except (OSError, ValueError) as exc:
             stale.append("%s: unreadable (%s)" % (rel, getattr(exc, "strerror", None) or exc))
-    return stale
+    return stale, conflicts
 
 
-def check(run_dir, jobs):
-    """-> (run, status, results, manifest, problems that a sync could fix)."""
+def check(run_dir, args, notes=None):
+    """-> (run, status, results, manifest, problems that a sync could fix, conflicts no sync may touch)."""
     run = core.read_json(os.path.join(run_dir, "run.json"))
     status = core.read_json(os.path.join(run_dir, "status.json"))
     results = run.get("results_dir") or os.path.join(run_dir, "results")
-    manifest, problems = durable_problems(results, jobs)
+    manifest, problems = durable_problems(results, args.jobs)
+    conflicts = []
     if manifest is not None and not problems:
-        problems = stale_outputs(run, manifest)
-    return run, status, results, manifest, problems
+        problems, conflicts = stale_outputs(run, status, manifest, [] if notes is None else notes, args.elsewhere)
+    return run, status, results, manifest, problems, conflicts
 
 
 def sweep_one(run_dir, args):
-    run, status, results, manifest, problems = check(run_dir, args.jobs)
+    notes = []
+    run, status, results, manifest, problems, conflicts = check(run_dir, args, notes)
     item = {"run_id": run.get("run_id") or status.get("run_id") or os.path.basename(run_dir), "run_dir": run_dir,
-            "results_dir": results, "state": status.get("state"), "file_count": None, "problems": problems}
+            "results_dir": results, "state": status.get("state"), "file_count": None, "problems": problems,
+            "left_alone": notes}
+    if conflicts and not (status.get("state") in core.ACTIVE_RUN_STATES and alive(status)):
+        item.update(verdict="CONFLICT", problems=conflicts + problems)
+        return item
     if status.get("state") in core.ACTIVE_RUN_STATES and alive(status):
         item.update(verdict="RUNNING", problems=["still %s: wait for it, or stop it, before releasing the box"
                                                  % status.get("state")])
@@ -119,9 +175,7 @@ def sweep_one(run_dir, args):
         core.update_json(os.path.join(run_dir, "status.json"), state="failed", ended_at=core.utc_iso(), error=why)
     res = core.run_bounded([sys.executable, os.path.join(HERE, "supervise.py"), "sync", "--run-dir", run_dir],
                            args.sync_timeout)
-    if died:  # the sync records "succeeded" for a run with no exit code; it never finished
-        core.update_json(os.path.join(run_dir, "status.json"), state="failed", error=why)
-    _run, _status, results, manifest, after = check(run_dir, args.jobs)
+    _run, _status, results, manifest, after, _conflicts = check(run_dir, args)
     if res.rc == 0 and not after:
         item.update(verdict="SYNCED", file_count=manifest["file_count"], problems=[], fixed=problems)
     else:
@@ -142,8 +196,10 @@ def main(argv=None):
     for root in args.runs_dir:
         if not os.path.isdir(root):
             raise core.UsageError("--runs-dir %s is not a directory" % root)
-    items = [sweep_one(d, args) for d in run_dirs(args.runs_dir)]
-    bad = [i for i in items if i["verdict"] in ("RUNNING", "FAILED")]
+    dirs = list(run_dirs(args.runs_dir))
+    args.elsewhere = functools.lru_cache(maxsize=None)(lambda: saved_elsewhere(dirs))  # built once, if needed
+    items = [sweep_one(d, args) for d in dirs]
+    bad = [i for i in items if i["verdict"] in ("RUNNING", "FAILED", "CONFLICT")]
     stale = [i for i in items if i["verdict"] == "STALE"]
     ok = not bad and not stale
     if args.json:
@@ -152,6 +208,8 @@ def main(argv=None):
         for i in items:
             detail = "; ".join(i["problems"][:3]) if i["problems"] else "%s files verified" % i["file_count"]
             print("%-8s %s: %s" % (i["verdict"], i["run_id"], detail))
+            for note in i["left_alone"][:5]:
+                print("         note: %s" % note)
         if not items:
             print("%s no run dirs under %s" % (core.OK, ", ".join(args.runs_dir)))
         elif ok:

@@ -635,6 +635,7 @@ class Sync(object):
         run_id = self.meta.get("run_id") or os.path.basename(self.run_dir)
         doc = {"ok": False, "verified": False, "results_dir": self.results, "manifest": None, "file_count": 0,
                "total_bytes": 0, "error": None, "kept_previous": self.kept, "started_at": core.utc_iso(),
+               "started_epoch": time.time(),  # exact: a file changed after this is not what the sync saw
                "finished_at": None}
         plan, plan_errors = plan_outputs(self.meta.get("cwd") or ".", outputs)
         self.errors.extend(plan_errors)
@@ -893,7 +894,8 @@ def op_sync(args):
                            % doc.get("state"))
     sync = Sync(run_dir, lambda text: say("[rgt] " + text)).run()
     rc = doc.get("exit_code")
-    state = "failed" if rc else ("succeeded" if sync["ok"] else "sync_failed")
+    # no exit code: the job never finished (its supervisor died with the box), so it did not succeed
+    state = "failed" if rc or rc is None else ("succeeded" if sync["ok"] else "sync_failed")
     error = set_status(run_dir, state=state, sync=sync)
     if error:
         raise core.CheckFailed(error)
