@@ -15,14 +15,25 @@ fingerprints), it writes a bash script that:
      absolute; its output goes to WORKDIR/run/job.log
   5. checks the new metrics against the old ones with scripts/reconcile.py: for every numeric key
      of every JSONL/CSV metrics file of the old run (timing and memory keys left out), its last,
-     min, max and mean, within --rtol (relative) and --atol (absolute)
+     min, max and mean, within --rtol (relative) and --atol (absolute). Both sides are read the
+     way run_forensics.py reads a curve: the last value logged for each step, in step order, so a
+     resumed run that logged some steps twice counts each step once (the re-run's files go
+     through `run_forensics.py steps` into WORKDIR/steps/ first)
+
+The command's own paths are checked too: an absolute path (also the value after '=' of an option
+word, and a ../ path that leaves the repository) that is neither in the old run dir, nor in the checkout, nor
+a recorded data set is one the re-run reads or writes in place, outside WORKDIR: a WARN line
+names each one (an existing file there is overwritten by a re-run that writes it); --map moves it.
 
 Usage:
-  repro.py RUN_DIR [-o repro.sh] [--repo DIR] [--rtol R] [--atol A] [--metrics-file PATH]...
+  repro.py RUN_DIR [-o repro.sh] [--force] [--repo DIR] [--rtol R] [--atol A] [--metrics-file PATH]...
            [--ignore KEY]... [--map OLD=NEW]... [--allow-unpinned] [--strict-env] [--json]
   bash repro.sh [WORKDIR]        (default WORKDIR: ./repro-<run id>-<UTC time>; must not exist)
 
-  -o, --out FILE       where to write the script (default repro.sh; '-' for stdout)
+  -o, --out FILE       where to write the script (default repro.sh; '-' for stdout). Never inside
+                       RUN_DIR (the run's record is evidence: refused, --force or not); an
+                       existing FILE is refused unless --force
+  --force              replace an existing --out FILE (outside RUN_DIR)
   --repo DIR           the git repository holding the commit (default: the recorded top level)
   --rtol R             relative tolerance of the number check (default 1e-6; GPU runs: 1e-2 or so)
   --atol A             absolute tolerance, added to the relative one (default: exact to the digit)
@@ -40,7 +51,7 @@ Environment of the script: RGT_HOME (this checkout, for run_env.py and reconcile
 (a Python 3.8+ for those tools, default python3), REPRO_PYTHON (the job's interpreter to check,
 default the recorded one).
 
-Exit codes (repro.py): 0 written; 2 usage; 3 refused (no env.json or run.json, code not pinned,
+Exit codes (repro.py): 0 written; 2 usage (an --out inside RUN_DIR or already there included); 3 refused (no env.json or run.json, code not pinned,
 a patch whose hash is not the recorded one, nothing to compare).
 Exit codes (the script): 0 reproduced within tolerance; 1 numbers differ or the re-run failed;
 2 usage (WORKDIR exists); 3 cannot reproduce (commit missing, patch or data mismatch, --strict-env).
@@ -71,8 +82,9 @@ def q(text):
     return shlex.quote(str(text))
 
 
-def rewrite_word(word, maps, cwd, toplevel):
-    """A command word as bash: each mapped path prefix becomes its variable ("$NEW_RUN"...)."""
+def split_word(word, cwd, toplevel):
+    """(head, value) of a command word: '--opt=' and VALUE for --opt=VALUE, else '' and the word; a ../
+    VALUE that leaves the repository (or any ../ VALUE without one) is made absolute from CWD."""
     head, value = "", word
     if word.startswith("-") and "=" in word:
         head, value = word.split("=", 1)
@@ -81,8 +93,18 @@ def rewrite_word(word, maps, cwd, toplevel):
         resolved = os.path.normpath(os.path.join(cwd, value))
         if not toplevel or not (resolved + os.sep).startswith(toplevel.rstrip(os.sep) + os.sep):
             value = resolved  # outside the repo: the same place from the fresh checkout
+    return head, value
+
+
+def under(path, prefix):
+    return path == prefix or path.startswith(prefix.rstrip(os.sep) + os.sep)
+
+
+def rewrite_word(word, maps, cwd, toplevel):
+    """A command word as bash: each mapped path prefix becomes its variable ("$NEW_RUN"...)."""
+    head, value = split_word(word, cwd, toplevel)
     for old, new in maps:
-        if value == old or value.startswith(old.rstrip(os.sep) + os.sep):
+        if under(value, old):
             rest = value[len(old.rstrip(os.sep)):]
             return q(head) + new + (q(rest) if rest else "") if head else new + (q(rest) if rest else ""), True
     return q(head + value), value != word[len(head):]
@@ -113,19 +135,21 @@ def metric_files(run_dir, given):
     return found
 
 
+def steps_name(rel):
+    """Where the re-run's REL, read per step by `run_forensics.py steps`, lands under WORKDIR/steps/."""
+    return os.path.join("steps", rel if rel.lower().endswith(".jsonl") else rel + ".jsonl")
+
+
 def claims_for(run_dir, rel, ignore, warnings):
-    """Markdown lines binding the old run's numbers to the same file in the new run."""
+    """Markdown lines binding the old run's numbers (last value per step, the reader run_forensics.py uses)
+    to the re-run's same file as `run_forensics.py steps` writes it."""
     full = os.path.join(run_dir, rel)
     if re.search(r"[\s#]", rel):
         warnings.append("%s is not checked: reconcile.py bindings cannot hold whitespace or '#'" % rel)
         return []
     records = rf.read_jsonl(full) if rel.lower().endswith(".jsonl") else rf.read_csv(full)
-    values = {}
-    for rec in records:
-        for key, raw in rf.flatten(rec).items():
-            number = rf.as_number(raw)
-            if number is not None:
-                values.setdefault(key, []).append(number)
+    values = {key: [v for _step, v in points] for key, points in rf.records_to_series(records).items()}
+    bound = steps_name(rel)
     lines = []
     for key in sorted(values):
         if key in ignore or TIMING.search(key.lower()):
@@ -139,7 +163,43 @@ def claims_for(run_dir, rel, ignore, warnings):
             continue
         got = {"last": xs[-1], "min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
         for red in REDUCERS:
-            lines.append("- %s %s: %r <!-- metric: %s#%s@%s -->" % (key, red, got[red], rel, key, red))
+            lines.append("- %s %s: %r <!-- metric: %s#%s@%s -->" % (key, red, got[red], bound, key, red))
+    return lines
+
+
+def check_out(out, run_dir, force):
+    """Raise UsageError unless the script may be written to OUT: never inside RUN_DIR (its record is
+    evidence), never over an existing file without FORCE, and only into an existing folder."""
+    full = os.path.abspath(out)
+    folder = os.path.dirname(full)
+    if not os.path.isdir(folder):
+        raise core.UsageError("--out %s: the folder %s does not exist" % (out, folder))
+    real = os.path.join(os.path.realpath(folder), os.path.basename(full))
+    if any(under(cand, os.path.realpath(run_dir)) for cand in (full, real)):
+        raise core.UsageError("--out %s is inside the run dir %s, whose files are the run's evidence; write the "
+                              "script somewhere else" % (out, run_dir))
+    if os.path.lexists(full) and not force:
+        raise core.UsageError("--out %s already exists; give a new path, or --force to replace it" % out)
+
+
+def outside_paths(cmd, maps, cwd, toplevel, data_paths):
+    """WARN lines for each path in CMD (after the program) a re-run would use in place, outside WORKDIR."""
+    lines, seen = [], set()
+    for word in cmd[1:]:
+        _head, value = split_word(word, cwd, toplevel)
+        if not os.path.isabs(value):
+            continue
+        value = os.path.normpath(value)
+        if value in seen or value in data_paths:
+            continue
+        if any(under(value, old) for old, _new in maps) or any(under(value, p) for p in ("/dev", "/proc", "/sys")):
+            continue
+        seen.add(value)
+        what = ("an existing file: if the job writes it, the re-run overwrites it" if os.path.isfile(value)
+                else "an existing folder: a re-run may write into it" if os.path.isdir(value)
+                else "not there now: a re-run that writes it creates it there")
+        lines.append("the command names %s outside the run dir and the checkout (%s); the re-run uses it in "
+                     "place (--map %s=NEW gives the re-run its own)" % (value, what, value))
     return lines
 
 
@@ -147,6 +207,7 @@ def main(argv=None):
     parser = core.Parser(prog=PROG, description="Write a reproduction script for a recorded run (see the docstring).")
     parser.add_argument("run_dir")
     parser.add_argument("-o", "--out", default="repro.sh")
+    parser.add_argument("--force", action="store_true")
     parser.add_argument("--repo", default=None)
     parser.add_argument("--rtol", type=core.arg_number(float, 0.0, 1.0), default=1e-6)
     parser.add_argument("--atol", type=core.arg_number(float, 0.0), default=None)
@@ -170,6 +231,8 @@ def main(argv=None):
         extra.append((os.path.abspath(old), q(new)))
     if args.repo is not None and not os.path.isdir(args.repo):
         raise core.UsageError("--repo %s is not a directory" % args.repo)
+    if args.out != "-":
+        check_out(args.out, run_dir, args.force)
     for name in ("run.json", "env.json"):
         if not os.path.isfile(os.path.join(run_dir, name)):
             raise core.Refused("%s has no %s; %s" % (run_dir, name, "record it first: python3 scripts/node/run_env.py "
@@ -206,9 +269,15 @@ def main(argv=None):
         warnings.append("%d untracked file(s) were in the tree and are not reproduced: %s" % (
             git["untracked_count"], ", ".join(git.get("untracked") or [])[:300]))
     files = metric_files(run_dir, args.metrics_file)
-    claims = []
+    claims, checked = [], []
     for rel in files:
-        claims += claims_for(run_dir, rel, set(args.ignore), warnings)
+        if any(steps_name(rel) == steps_name(other) for other in checked):
+            warnings.append("%s is not checked: its per-step copy would have the name of %s's" % (rel, steps_name(rel)))
+            continue
+        got = claims_for(run_dir, rel, set(args.ignore), warnings)
+        if got:
+            claims += got
+            checked.append(rel)
     if not claims:
         raise core.Refused("nothing to compare: no numeric metrics in %s (give --metrics-file)" % (
             ", ".join(files) or "any *.jsonl/*.csv of " + run_dir))
@@ -225,12 +294,8 @@ def main(argv=None):
         words.append(rendered)
         if moved:
             changed.append(word)
-    for word in cmd:
-        if os.path.isabs(word) and os.path.exists(word) and not any(
-                word == m or word.startswith(m.rstrip(os.sep) + os.sep) for m, _n in maps) and word not in (
-                (d or {}).get("path") for d in env.get("data") or []) and not os.path.isfile(word):
-            warnings.append("the command names %s, outside the run dir: a re-run may read or overwrite it "
-                            "(--map %s=NEW moves it)" % (word, word))
+    warnings += outside_paths(cmd, maps, cwd, toplevel if commit else None,
+                              [d.get("path") for d in env.get("data") or [] if isinstance(d, dict)])
     job_py = (env.get("python") or {}).get("executable") or cmd[0]
     seeds = env.get("seeds") if isinstance(env.get("seeds"), dict) else {}
     run_id = re.sub(r"[^A-Za-z0-9._-]", "_", str(run.get("run_id") or os.path.basename(run_dir)))[:60]
@@ -314,13 +379,18 @@ def main(argv=None):
               "rc=${PIPESTATUS[0]}",
               "[ \"$rc\" -eq 0 ] || die \"the re-run failed (exit $rc); see $NEW_RUN/job.log\" 1",
               "", "echo \"[5/5] numbers\"",
-              "cat > \"$WORK/expected.md\" <<'RGT_EXPECTED'",
-              "# %s: the recorded run's numbers, bound to the re-run's files" % run_id]
+              "# each metrics file read per step (the last value of each step), as the bindings below were"]
+    for rel in checked:
+        lines += ["mkdir -p \"$WORK\"/%s" % q(os.path.dirname(steps_name(rel))),
+                  "\"$RGT_PY\" \"$RGT_HOME/scripts/run_forensics.py\" steps \"$NEW_RUN\"/%s > \"$WORK\"/%s || "
+                  "say %s" % (q(rel), q(steps_name(rel)), q("WARN the re-run's %s could not be read per step" % rel))]
+    lines += ["cat > \"$WORK/expected.md\" <<'RGT_EXPECTED'",
+              "# %s: the recorded run's numbers, bound to the re-run's files read per step" % run_id]
     lines += claims
     lines += ["RGT_EXPECTED",
               "TOL=(--rel-tol \"$RTOL\")",
               "[ -z \"$ATOL\" ] || TOL+=(--abs-tol \"$ATOL\")",
-              "\"$RGT_PY\" \"$RGT_HOME/scripts/reconcile.py\" --quiet --base \"$NEW_RUN\" \"${TOL[@]}\" "
+              "\"$RGT_PY\" \"$RGT_HOME/scripts/reconcile.py\" --quiet --base \"$WORK\" \"${TOL[@]}\" "
               "\"$WORK/expected.md\"",
               "rc=$?",
               "if [ \"$rc\" -eq 0 ]; then echo \"REPRODUCED $ORIG_RUN -> $NEW_RUN (rtol $RTOL)\"; exit 0; fi",

@@ -39,7 +39,10 @@ launch: everything after the first `--` up to a second `--` goes to run_one.sh u
 output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); the words after the
 last `--` are the job. With one `--` only, all of it is the job. The run dir is
 DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
-DURABLE_DIR/results/RID; later commands find both in the ledger.
+DURABLE_DIR/results/RID; later commands find both in the ledger. `rgt.py launch --help` lists:
+  run_one.sh options most launches use: --output GLOB, --stall-minutes M, --max-hours H, --require-gpu, --wait
+  run_one.sh resume adapters for a trainer you did not write: --resume-glob, --resume-arg ('--init_from=resume')
+  and --progress-regex, so that resume continues from the newest checkpoint instead of step 0 (run_one.sh)
 
 resume: after a preemption or a failed attempt, relaunch the run's recorded launch in the same run dir as
 attempt N+1 (boot_resume.py --run on the node): its resume adapters pick the newest good checkpoint, the
@@ -58,6 +61,7 @@ Exit codes: 0 OK (status: the run succeeded); 1 a check failed; 2 usage or bad i
 refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
 fired, ...); 255 ssh could not reach HOST.
 """
+import argparse
 import json
 import re
 import os
@@ -137,9 +141,16 @@ def text(raw):
     return (raw or b"").decode("utf-8", "replace")
 
 
+class Unreachable(core.CheckFailed):
+    """ssh itself failed (exit 255): the node was not reached, so nothing ran there."""
+
+
 def checked(res, what):
     if res.returncode == SSH_UNREACHABLE:
-        raise core.CheckFailed("ssh could not reach the node for %s: %s" % (what, text(res.stderr).strip()[-300:]))
+        err = text(res.stderr).strip()
+        hint = ("; is HOST an alias in your ssh config? Pass --ssh-config FILE if it is not ~/.ssh/config"
+                if "Could not resolve hostname" in err else "")
+        raise Unreachable("ssh could not reach the node for %s: %s%s" % (what, err[-300:], hint))
     return res
 
 
@@ -310,10 +321,24 @@ def node_tool(args, name):
     return args.node_dir + "/" + name
 
 
+def again(args, *words):
+    """This CLI with the global options given now, plus WORDS: a line the user can paste as it is."""
+    line = ["python3", "scripts/rgt.py"]
+    for flag, value in (("--ssh-config", args.ssh_config), ("-p", args.port), ("-i", args.identity),
+                        ("--ledger", args.ledger)):
+        if value is not None:
+            line += [flag, str(value)]
+    if args.node_dir != DEFAULT_NODE_DIR:
+        line += ["--node-dir", args.node_dir]
+    return " ".join(shlex.quote(w) for w in line + [str(w) for w in words])
+
+
 def cmd_probe(args, ssh):
     argv = ["python3", node_tool(args, "node_probe.py")]
     if args.profile:
         argv += ["--profile", args.profile]
+    if args.durable_dir and "--durable-dir" not in args.rest:
+        argv += ["--durable-dir", args.durable_dir]
     argv += args.rest + (["--json"] if args.json and "--json" not in args.rest else [])
     res = checked(ssh.run(remote_command(argv)), "probe")
     sys.stdout.write(text(res.stdout))
@@ -346,7 +371,7 @@ def cmd_launch(args, ssh):
                   run_dir=run_dir, results_dir=results_dir, state="launched" if ok else "launch_failed",
                   rc=res.returncode, attempt=launched_attempt(out))
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
-              "watch": "python3 scripts/rgt.py status %s %s" % (args.host, rid), "eta": "unknown until the "
+              "watch": again(args, "status", args.host, rid), "eta": "unknown until the "
               "first progress line (see status)", "cost_so_far": cost_line(args.rate_per_hour, 0.0),
               "teardown": "NOT through the gate: the box may bill until you pull, gate and stop it",
               "node_output": out.strip().splitlines()[-12:], "rc": res.returncode}
@@ -463,10 +488,14 @@ def cmd_resume(args, ssh):
         line = "%s %s: %s" % (core.OK if result.get("ok") else core.FAIL, rid, result.get("action"))
         line += (" (%s)" % result["why"]) if result.get("why") else " as attempt %s" % result.get("attempt")
         print(line)
+        if result.get("resume_from"):
+            print("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
+        if result.get("warning"):
+            print("WARN %s" % result["warning"])
         if result.get("detail"):
             print("node: %s" % " ".join(result["detail"]))
         if result.get("action") == "resumed" and result.get("ok"):
-            print("watch:      python3 scripts/rgt.py status %s %s" % (args.host, rid))
+            print("watch:      %s" % again(args, "status", args.host, rid))
     return res.returncode
 
 
@@ -620,7 +649,6 @@ def cmd_ledger(args):
 
 def global_options(parser, suppress):
     """The global options, accepted before or after the command (after: they override)."""
-    import argparse
     kw = {"default": argparse.SUPPRESS} if suppress else {}
     parser.add_argument("--json", action="store_true", help="machine-readable output", **kw)
     parser.add_argument("-p", "--port", type=int, help="ssh port", **kw)
@@ -631,6 +659,17 @@ def global_options(parser, suppress):
     parser.add_argument("--ledger", help="run ledger file", **kw)
 
 
+LAUNCH_EPILOG = """the job, and what goes to run_one.sh:
+  rgt.py launch HOST --profile P --run-id RID -- CMD [ARGS...]
+  rgt.py launch HOST --profile P --run-id RID -- RUN_ONE_ARGS... -- CMD [ARGS...]
+
+RUN_ONE_ARGS (bash scripts/node/run_one.sh --help has them all): --output GLOB (what the sync saves),
+--stall-minutes M, --max-hours H, --require-gpu, --wait; for a trainer you did not write, the resume
+adapters --resume-glob 'out/ckpt.pt' --resume-arg '--init_from=resume' (a {} in it becomes the checkpoint
+path) and --progress-regex 'iter (?P<step>\\d+):', so `rgt.py resume` continues from the newest checkpoint.
+Copy the project to the node yourself first (rsync, or git clone there): push ships only the toolkit."""
+
+
 def build_parser():
     parser = core.Parser(prog="rgt.py", description="The laptop side, one command per phase (see the docstring).")
     global_options(parser, suppress=False)
@@ -638,8 +677,9 @@ def build_parser():
     global_options(shared, suppress=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser)
 
-    def host_cmd(name, help_text, run_id=False):
-        p = sub.add_parser(name, help=help_text, parents=[shared])
+    def host_cmd(name, help_text, run_id=False, epilog=None):
+        p = sub.add_parser(name, help=help_text, parents=[shared], epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("host", help="ssh alias or user@host")
         if run_id:
             p.add_argument("run_id", help="the run id")
@@ -650,7 +690,7 @@ def build_parser():
     p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto")
     p = host_cmd("probe", "audit the node (node_probe.py); gate options after --")
     p.add_argument("--profile")
-    p = host_cmd("launch", "start a job through run_one.sh (dead-man first, detached)")
+    p = host_cmd("launch", "start a job through run_one.sh (dead-man first, detached)", epilog=LAUNCH_EPILOG)
     p.add_argument("--profile", required=True)
     p.add_argument("--run-id", required=True)
     p.add_argument("--cwd", help="the job's working directory on the node (created)")
@@ -700,7 +740,11 @@ def main(argv=None):
     if args.command == "ledger":
         return cmd_ledger(args)
     ssh = Ssh(args.host, args.port, args.identity, args.ssh_config)
-    return globals()["cmd_" + args.command](args, ssh)
+    try:
+        return globals()["cmd_" + args.command](args, ssh)
+    except Unreachable as exc:
+        core.say_error(str(exc), "rgt.py")
+        return SSH_UNREACHABLE
 
 
 def report(args, fields, human):

@@ -10,6 +10,7 @@ Usage:
   run_forensics.py diff RUN_A RUN_B [--all] [--json]
   run_forensics.py curve RUN --metric NAME [--mode min|max] [--window N] [--z Z] [--flat-k K]
                          [--flat-tol T] [--decline F] [--json]
+  run_forensics.py steps FILE
 
   list   for each run (a folder of runs lists each child run; a folder whose wandb/ holds several
          W&B runs lists each of them): the metric's best
@@ -27,13 +28,19 @@ Usage:
            nonfinite   NaN or inf values (the first step and how many)
            flat        the last --flat-k (default 20) points do not change by more than --flat-tol
                        (default 1e-6) relative to their size
+  steps  one *.jsonl or *.csv metrics FILE read as list and curve read it (the last value logged for
+         each step, in step order), printed as JSON lines: {"step": S, "NAME": VALUE}, each name's
+         points together; scripts/repro.py checks a re-run's numbers against this, so a resumed
+         run that logged some steps twice counts each step once
 
   --metric NAME  a metric name as logged (`loss`, `val/acc`, `eval.top1`); SOURCE:NAME picks one
                  source when two files log the same name (the names `list --json` prints)
   --mode min|max whether lower or higher is better; guessed from the name only when it is clear,
                  and the output says it was guessed; an unclear name without --mode is exit 2
   --all          diff: also compare the keys that differ between any two runs (run id, paths, times)
-  --json         one JSON object on stdout
+  --json         one JSON object on stdout. Strict JSON: NaN and infinite values (a metric, a step, a
+                 config value) are written as the strings "nan", "inf" and "-inf", dates and times
+                 from a YAML config as ISO 8601 strings (steps writes its values the same way)
 
 Sources read in a run dir (walked 4 levels deep; previous/ attempts and logs/ are skipped):
   *.jsonl        one JSON object per line; nested objects are flattened; the step is the first of
@@ -67,6 +74,7 @@ import zlib
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
 import rgt_core as core  # noqa: E402
+import run_env  # noqa: E402  (clean_url: a W&B record's git remote may hold a credential)
 
 PROG = "run_forensics.py"
 EXIT_MISSING = 3
@@ -147,8 +155,31 @@ def fmt(value):
     return str(value)
 
 
+def jsonable(value):
+    """VALUE with nothing strict JSON lacks: non-finite floats as "nan"/"inf"/"-inf", dates and times as ISO
+    8601 strings, tuples and sets as lists, any other object as its str; mapping keys as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if value != value else ("inf" if value > 0 else "-inf")
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(jsonable(k)): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((jsonable(v) for v in value), key=str)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def emit(obj):
+    """--json output: strict JSON (see jsonable), in the shared layout."""
+    core.emit_json(jsonable(obj))
+
+
 def show(value, width=40):
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False) if not isinstance(value, str) else value
+    text = json.dumps(jsonable(value), sort_keys=True, ensure_ascii=False) if not isinstance(value, str) else value
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
@@ -243,7 +274,18 @@ def load_yaml(path):
     except ImportError:
         raise Missing("%s needs PyYAML to read (pip install pyyaml)" % path)
     with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+        return yaml_plain(yaml.safe_load(handle))
+
+
+def yaml_plain(value):
+    """A YAML document with its dates and times as ISO 8601 strings (as a JSON config would hold them)."""
+    if isinstance(value, dict):
+        return {yaml_plain(k): yaml_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [yaml_plain(v) for v in value]
+    if hasattr(value, "isoformat") and not isinstance(value, str):
+        return value.isoformat()
+    return value
 
 
 def walk(root):
@@ -509,7 +551,7 @@ def load_wandb_folder(run, folder):
                     env["run.name"] = rec.run.display_name or None
                     if rec.run.HasField("git"):
                         env["git.commit"] = rec.run.git.commit or None
-                        env["git.remote"] = rec.run.git.remote_url or None
+                        env["git.remote"] = run_env.clean_url(rec.run.git.remote_url)
             elif kind == "environment":
                 for field, value in rec.environment.ListFields():
                     if isinstance(value, (str, int, float, bool)):  # scalars only (no disks, no timestamps)
@@ -754,7 +796,7 @@ def cmd_list(args):
             entry["missing"] = True
         rows.append(entry)
     if args.json:
-        core.emit_json({"metric": args.metric, "mode": args.mode, "runs": rows})
+        emit({"metric": args.metric, "mode": args.mode, "runs": rows})
     else:
         if args.metric:
             print("METRIC %s (%s better, %s)" % (args.metric, "lower" if mode == "min" else "higher", mode_from))
@@ -801,10 +843,10 @@ def cmd_diff(args):
             skipped += 1
             continue
         va, vb = a.config.get(key, "<absent>"), b.config.get(key, "<absent>")
-        if va != vb:
+        if va != vb and not (isinstance(va, float) and isinstance(vb, float) and va != va and vb != vb):
             rows.append({"key": key, "a": va, "b": vb})
     if args.json:
-        core.emit_json({"a": a.path, "b": b.path, "compared": len(keys) - skipped, "skipped_volatile": skipped,
+        emit({"a": a.path, "b": b.path, "compared": len(keys) - skipped, "skipped_volatile": skipped,
                         "differing": rows, "notes": a.notes + b.notes})
         return 0
     print("A = %s\nB = %s" % (a.path, b.path))
@@ -834,7 +876,7 @@ def cmd_curve(args):
     stats = best_last(points, mode)
     findings = curve_findings(points, mode, args.window, args.z, args.flat_k, args.flat_tol, args.decline)
     if args.json:
-        core.emit_json({"run": run.path, "metric": args.metric, "mode": mode, "mode_from": how,
+        emit({"run": run.path, "metric": args.metric, "mode": mode, "mode_from": how,
                         "source": run.origin.get(args.metric), "stats": stats, "findings": findings,
                         "notes": run.notes})
     else:
@@ -850,6 +892,27 @@ def cmd_curve(args):
         for line in run.notes:
             note("NOTE %s" % line)
     return core.EXIT_FAIL if findings else 0
+
+
+def cmd_steps(args):
+    path = args.file
+    if not os.path.isfile(path):
+        raise core.UsageError("%s is not a file (give a *.jsonl or *.csv metrics file)" % path)
+    if not path.lower().endswith((".jsonl", ".csv")):
+        raise core.UsageError("%s is not a *.jsonl or *.csv metrics file" % path)
+    try:
+        records = read_jsonl(path) if path.lower().endswith(".jsonl") else read_csv(path)
+    except (OSError, csv.Error) as exc:
+        raise core.UsageError("cannot read %s: %s" % (path, getattr(exc, "strerror", None) or exc))
+    series = records_to_series(records)
+    if not series:
+        raise Missing("%s holds no numeric metric" % path)
+    for name in sorted(series):
+        for step, value in series[name]:
+            sys.stdout.write(json.dumps(jsonable({"step": step, name: value}), ensure_ascii=False,
+                                        allow_nan=False) + "\n")
+    sys.stdout.flush()
+    return 0
 
 
 def build_parser():
@@ -876,17 +939,19 @@ def build_parser():
     p.add_argument("--flat-tol", type=core.arg_number(float, 0.0, 1.0), default=1e-6)
     p.add_argument("--decline", type=core.arg_number(float, 0.0, 1.0, low_open=True), default=0.1)
     p.add_argument("--json", action="store_true")
+    p = sub.add_parser("steps", help="one metrics file, last value per step, as JSON lines")
+    p.add_argument("file")
     return parser
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if not args.command:
-        raise core.UsageError("give a command: list, diff or curve")
+        raise core.UsageError("give a command: list, diff, curve or steps")
     if getattr(args, "metric", None) is not None and not args.metric.strip():
         raise core.UsageError("--metric is empty")
     try:
-        return {"list": cmd_list, "diff": cmd_diff, "curve": cmd_curve}[args.command](args)
+        return {"list": cmd_list, "diff": cmd_diff, "curve": cmd_curve, "steps": cmd_steps}[args.command](args)
     except Missing as exc:
         core.say_error(exc, PROG)
         return EXIT_MISSING

@@ -53,7 +53,16 @@ import rgt_core as core  # noqa: E402
 
 # The gate proves one run; a box that ran a queue or a sweep holds others the pull never listed.
 SWEEP_HINT = ("  this gate covers run %s only: if the box ran other runs, first run on it "
-              "`python3 ~/rgt-bin/final_sweep.py --runs-dir DURABLE_DIR/runs` (exit 0 = every run saved)")
+              "`python3 ~/rgt-bin/final_sweep.py --runs-dir %s` (exit 0 = every run saved)")
+
+
+def runs_dir_of(source):
+    """DURABLE_DIR/runs on the node, read off a --source of the form [HOST:]DURABLE_DIR/results/RID."""
+    _host, root = pv.parse_source(source)
+    parent = os.path.dirname(root.rstrip("/"))
+    if os.path.basename(parent) == "results":
+        return shlex.quote(os.path.join(os.path.dirname(parent), "runs"))
+    return "DURABLE_DIR/runs"
 DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
 
 
@@ -344,7 +353,7 @@ def main(argv=None) -> int:
 
     lines = meter_lines(args.profile, profile)
     verdict.update({"ok": True, "verdict": "PASS", "meter_stop": profile.get("billing"),
-                    "profile_index": index_info, "other_runs": SWEEP_HINT.strip() % verdict["run_id"]})
+                    "profile_index": index_info, "other_runs": (SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source))).strip()})
     if args.json:
         print(json.dumps(verdict, indent=2))
         return 0
@@ -356,7 +365,7 @@ def main(argv=None) -> int:
           + (f"; {len(checks)} load-check(s) passed" if checks else ""))
     for line in lines:
         print(line)
-    print(SWEEP_HINT % verdict["run_id"])
+    print(SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source)))
     print(never + " Stopping the meter is yours to do, with the user's go-ahead.")
     return 0
 

@@ -231,6 +231,8 @@ def test_explicit_resume_refuses_a_live_attempt_then_hands_the_dead_man_over(tmp
         assert code == 3 and refused["action"] == "refused", (capped, refused)
     code, dry, _ = boot_resume(env, "--run", run_dir, "--dry-run")
     assert code == 0 and dry["action"] == "would resume" and read(run_dir / "status.json")["attempt"] == 1
+    assert dry["resume_from"] == "out/ckpt.pt" and dry["resume_args"] == ["--resume", "out/ckpt.pt"]
+    assert dry["warning"] is None
 
     gate.unlink()
     code, done, err = boot_resume(env, "--run", run_dir)

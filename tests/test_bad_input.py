@@ -376,6 +376,9 @@ CASES = [
     ("scripts/run_forensics.py", ["diff", "{file}", "{tmp}"], nothing, 2, "is not a directory"),
     ("scripts/run_forensics.py", ["curve", "{rd}", "--metric", "loss"], run_dir_with(run__json=b"\xff{"), 3,
      "no source logs"),
+    ("scripts/run_forensics.py", ["steps"], nothing, 2, "required: file"),
+    ("scripts/run_forensics.py", ["steps", "{missing}"], nothing, 2, "is not a file"),
+    ("scripts/run_forensics.py", ["steps", "{file}"], nothing, 2, "is not a *.jsonl or *.csv"),
     # repro.py
     ("scripts/repro.py", [], nothing, 2, "required: run_dir"),
     ("scripts/repro.py", ["{missing}"], nothing, 2, "is not a directory"),
@@ -383,12 +386,18 @@ CASES = [
     ("scripts/repro.py", ["{tmp}", "--map", "relative=x"], nothing, 2, "absolute OLD"),
     ("scripts/repro.py", ["{rd}"], run_dir_with(run__json={"cmd": ["true"], "cwd": "/"}), 3, "no env.json"),
     ("scripts/repro.py", ["{rd}"], run_dir_with(run__json=b"\xff{", env__json={}), 2, "not valid JSON"),
+    ("scripts/repro.py", ["{rd}", "-o", "{rd}/run.json", "--force"], run_dir_with(run__json={"cmd": ["true"]}), 2,
+     "inside the run dir"),
+    ("scripts/repro.py", ["{dir}", "-o", "{file}"], nothing, 2, "already exists"),
+    ("scripts/repro.py", ["{tmp}", "-o", "{missing}/repro.sh"], nothing, 2, "does not exist"),
     # run_env.py
     ("scripts/node/run_env.py", [], nothing, 2, "required: run_dir"),
     ("scripts/node/run_env.py", ["{file}"], nothing, 2, "is not a directory"),
     ("scripts/node/run_env.py", ["{tmp}", "--timeout", "inf"], nothing, 2, "--timeout"),
     ("scripts/node/run_env.py", ["{tmp}", "--cwd", "{missing}"], nothing, 2, "is not a directory"),
     ("scripts/node/run_env.py", ["{tmp}", "--compare", "{file}"], nothing, 2, "not valid JSON"),
+    ("scripts/node/run_env.py", ["{tmp}", "--compare", "{rd}/env.json"],
+     run_dir_with(env__json={"python": "3.11.7", "data": ["/data/x"]}), 2, "not a run_env.py record"),
     ("scripts/node/run_env.py", ["{tmp}", "--data", "{missing}"], nothing, 2, "does not exist"),
     # reap_vram_zombies.sh --json with a damaged PID list: still one usage line, no JSON half-written
     ("scripts/node/reap_vram_zombies.sh", ["--json", "--pids-from", "{file}"], nothing, 2, "is not a PID"),

@@ -2,10 +2,9 @@
 report: boot_resume.py / rgt.py resume, the dead-man's ack wake-up, final_sweep.py, run_env.py,
 run_forensics.py and repro.py.
 
-Each test states the behaviour we expect and is a strict xfail until the finding is fixed, so the suite
-stays green now and turns red (XPASS) the day a fix lands without the marker being removed. The full
-write-up, severities and proposed fixes are in /work/notes/redteam-3.md. Real components only: real
-run_one.sh launches, real dead-men, real git, real bash; conditions are polled with generous deadlines.
+Each test states the behaviour we expect; each was a strict xfail until its finding was fixed (all 13 are
+fixed now, see the commit log). Real components only: real run_one.sh launches, real dead-men, real git,
+real bash; conditions are polled with generous deadlines.
 """
 import json
 import os

@@ -171,3 +171,120 @@ def test_a_patch_that_is_not_the_run_tree_is_refused(tmp_path, project):
         handle.write(" ")
     res = repro(run_dir, "-o", tmp_path / "repro.sh")
     assert res.returncode == 3 and "does not hash to the recorded diff" in res.stderr
+
+
+# ---------------------------------------------------------------- a run recorded by hand (no launcher needed)
+
+JOB = r'''
+import json, sys
+metrics, out = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None
+with open(metrics, "w") as fh:
+    for epoch in range(3):            # several records per epoch: a per-batch log keyed by epoch
+        for batch in range(4):
+            fh.write(json.dumps({"epoch": epoch, "batch": batch, "loss": 1.0 / (1 + 4 * epoch + batch)}) + "\n")
+if out:
+    open(out, "w").write("written by the job\n")
+'''
+
+
+def hand_recorded(tmp_path, tail=()):
+    """A committed job.py, run once by hand, and its run dir with run.json and the real run_env.py's env.json."""
+    need("git")
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    git(proj, "init", "-q")
+    (proj / "job.py").write_text(JOB)
+    git(proj, "add", "job.py")
+    git(proj, "commit", "-qm", "job")
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, "job.py", str(run_dir / "metrics.jsonl"), *tail]
+    assert subprocess.run(cmd, cwd=str(proj), timeout=60).returncode == 0
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "r1", "cmd": cmd, "cwd": str(proj)}))
+    res = subprocess.run([sys.executable, RUN_ENV, str(run_dir), "--cwd", str(proj), "--timeout", "60"],
+                         capture_output=True, text=True, timeout=300, env=env_for(tmp_path))
+    assert res.returncode == 0, res.stderr
+    return proj, run_dir
+
+
+def test_the_script_is_never_written_into_the_run_dir_or_over_a_file(tmp_path):
+    _proj, run_dir = hand_recorded(tmp_path)
+    record = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    for target, extra in ((run_dir / "run.json", ["--force"]), (run_dir / "repro.sh", ["--force"]),
+                          (run_dir / "env.json", [])):
+        res = repro(run_dir, "-o", target, *extra)
+        assert res.returncode == 2 and "inside the run dir" in res.stderr, res.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == record, "the run's record is untouched"
+    script = tmp_path / "repro.sh"
+    script.write_text("my own notes\n")
+    res = repro(run_dir, "-o", script)
+    assert res.returncode == 2 and "already exists" in res.stderr and script.read_text() == "my own notes\n"
+    res = repro(run_dir, "-o", script, "--force")
+    assert res.returncode == 0 and script.read_text().startswith("#!/usr/bin/env bash"), res.stderr
+    res = repro(run_dir, "-o", tmp_path / "no" / "such" / "repro.sh")
+    assert res.returncode == 2 and "does not exist" in res.stderr
+
+
+def test_a_path_outside_the_repo_is_named_before_the_rerun(tmp_path):
+    (tmp_path / "outputs").mkdir()
+    proj, run_dir = hand_recorded(tmp_path, ["../outputs/model.txt"])
+    res = repro(run_dir, "-o", tmp_path / "repro.sh", "--json")
+    assert res.returncode == 0, res.stderr
+    warned = [w for w in json.loads(res.stdout)["warnings"] if str(tmp_path / "outputs" / "model.txt") in w]
+    assert warned and "overwrites" in warned[0], json.loads(res.stdout)["warnings"]
+    assert not [w for w in json.loads(res.stdout)["warnings"] if sys.executable in w], "the program is not named"
+
+
+def test_a_log_with_several_records_per_step_reproduces(tmp_path):
+    """Both sides are read per step (the last value of each step): the recorded run and the re-run agree."""
+    _proj, run_dir = hand_recorded(tmp_path)
+    assert repro(run_dir, "-o", tmp_path / "repro.sh").returncode == 0
+    done = run_script(tmp_path / "repro.sh", tmp_path / "w", tmp_path)
+    assert done.returncode == 0 and "REPRODUCED" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "w" / "steps" / "metrics.jsonl").is_file()
+
+
+# ---------------------------------------------------------------- run_env.py: no credential, odd records
+
+def test_run_env_records_no_credential_from_any_url(tmp_path):
+    need("git")
+    sys.path.insert(0, str(NODE))
+    import run_env
+    cases = {"https://ci:p@ss@git.example.com/o/r.git": "https://git.example.com/o/r.git",
+             "https://git.example.com/o/r.git?private_token=abc#frag": "https://git.example.com/o/r.git",
+             "ssh://git:tok@host:2222/o/r.git": "ssh://host:2222/o/r.git",
+             "git@github.com:o/r.git": "git@github.com:o/r.git",
+             "me:tok@host:o/r.git": "host:o/r.git",
+             "/srv/git/r.git": "/srv/git/r.git"}
+    assert {url: run_env.clean_url(url) for url in cases} == cases
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    git(proj, "init", "-q")
+    git(proj, "commit", "-q", "--allow-empty", "-m", "x")
+    git(proj, "remote", "add", "origin", "https://oauth2:SECRET1@git.example.com/o/r.git?sig=SECRET2")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(json.dumps({"cwd": str(proj), "cmd": [
+        sys.executable, "-c", "pass", "--hub=https://u:SECRET3@hub.example.com/m?token=SECRET4"]}))
+    res = subprocess.run([sys.executable, RUN_ENV, str(run_dir), "--timeout", "60"], capture_output=True,
+                         text=True, timeout=300, env=env_for(tmp_path))
+    assert res.returncode == 0, res.stderr
+    text = (run_dir / "env.json").read_text()
+    assert "SECRET" not in text and "--hub=https://hub.example.com/m" in text, text
+    assert json.loads(text)["git"]["remote"] == "https://git.example.com/o/r.git"
+
+
+@pytest.mark.parametrize("old,why", [
+    ({"python": {"version": "3.11.7"}}, "schema"),
+    ({"schema": "rgt-env/1", "python": "3.11.7"}, "python is a str"),
+    ({"schema": "rgt-env/1", "packages": ["torch"]}, "packages is a list"),
+    ({"schema": "rgt-env/1", "data": ["/data/x"]}, "a data entry"),
+])
+def test_run_env_compare_refuses_a_record_of_another_shape(tmp_path, old, why):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    res = subprocess.run([sys.executable, RUN_ENV, str(tmp_path / "run"), "--python", sys.executable, "--cwd",
+                          str(tmp_path), "--compare", str(tmp_path / "old.json")], capture_output=True, text=True,
+                         timeout=300, env=env_for(tmp_path))
+    assert res.returncode == 2 and why in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+    assert not (tmp_path / "run" / "env.json").exists(), "nothing is recorded from a bad request"

@@ -96,6 +96,11 @@ def chain(tmp_path, server, bare, bare_node=False):
     assert res.returncode == 0, res.stdout + res.stderr
     for field in ("run id:", "watch:", "ETA:", "cost:", "teardown:"):
         assert field in res.stdout
+    watch = next(line for line in res.stdout.splitlines() if line.startswith("watch:")).split(None, 1)[1]
+    env = {k: v for k, v in os.environ.items() if k != "RGT_PROFILE_INDEX"}
+    again = subprocess.run(watch, shell=True, cwd=str(SCRIPTS.parent), capture_output=True, text=True, timeout=120,
+                           env=env)
+    assert again.returncode == 0 and "SUCCEEDED" in again.stdout, (watch, again.stdout, again.stderr)  # pasteable
     assert ("detach:   setsid" in res.stdout) == bare_node  # no tmux on the node: its own session instead
     assert (work / "out" / "result.txt").read_text() == hostile  # the argument arrived as one word
     assert not list(tmp_path.rglob("PWNED*")) and not (work / "PWNED").exists()
@@ -118,6 +123,7 @@ def chain(tmp_path, server, bare, bare_node=False):
     assert (pulled / "cli-1" / "out" / "result.txt").read_text() == hostile
     res = rgt(tmp_path, sshd_server, "gate", "gpu-box", "cli-1", "--dest", str(pulled))
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "final_sweep.py --runs-dir %s/runs" % durable in res.stdout  # the box's own runs dir, not a placeholder
 
     ledger = rgt(tmp_path, sshd_server, "--json", "ledger")
     assert json.loads(ledger.stdout)["runs"] == []  # through the gate: no longer listed
@@ -222,9 +228,13 @@ def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, 
 
     live = rgt(tmp_path, sshd_server, "resume", "gpu-box", "res-1")
     assert live.returncode == 3 and "still live" in live.stdout, live.stdout + live.stderr
+    assert "WARN" not in live.stdout  # a refusal says why, not what a resume would do
     (work / "hold").unlink()
     assert wait_for(lambda: state() == "failed", 120)
     (work / "fail").unlink()
+    dry = rgt(tmp_path, sshd_server, "resume", "gpu-box", "res-1", "--dry-run")
+    # no resume adapters were given at launch: the user is told the job starts over
+    assert dry.returncode == 0 and "WARN the launch recorded no --resume-glob/--resume-arg" in dry.stdout, dry.stdout
     again = rgt(tmp_path, sshd_server, "--json", "resume", "gpu-box", "res-1")
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads(again.stdout)["attempt"] == 2

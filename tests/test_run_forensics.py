@@ -217,3 +217,60 @@ def test_list_reads_csv_with_its_step_column(tmp_path):
     run = launcher_run(tmp_path, "a", 0.1, 1, "2.5.0")
     m = as_json(forensics("list", run, "--metric", "val_acc", "--json"))["runs"][0]["metrics"]["val_acc"]
     assert m["best_step"] == 5 and m["mode"] == "max" and math.isclose(m["best"], 0.5)
+
+
+# ---------------------------------------------------------------- strict JSON and the per-step reader
+
+def strict_json(text):
+    """json.loads that refuses NaN / Infinity, as jq and most non-Python parsers do."""
+    def refuse(token):
+        raise ValueError("not JSON: %s" % token)
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_writes_nonfinite_values_and_yaml_dates_as_strings(tmp_path):
+    pytest.importorskip("yaml")
+    runs = []
+    for name, values, when in (("a", [1.0, float("inf"), 0.5], "2026-12-01 10:00:00"),
+                               ("b", [1.0, float("-inf"), float("nan")], "2026-12-02")):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": v}) + "\n"
+                                                   for s, v in enumerate(values)))
+        (run / "config.yaml").write_text("lr: .nan\nstarted: %s\n" % when)
+        runs.append(run)
+    curve = forensics("curve", runs[1], "--metric", "loss", "--json")
+    assert curve.returncode == 1, curve.stderr
+    doc = strict_json(curve.stdout)
+    assert doc["stats"]["last"] == "nan" and doc["stats"]["points"] == 3
+    listed = strict_json(forensics("list", *runs, "--metric", "loss", "--json").stdout)
+    assert [r["metrics"]["loss"]["last"] for r in listed["runs"]] == [0.5, "nan"]
+    diff = forensics("diff", *runs, "--json")
+    assert diff.returncode == 0, diff.stderr
+    rows = {r["key"]: r for r in strict_json(diff.stdout)["differing"]}
+    assert rows["config.started"]["a"] == "2026-12-01T10:00:00" and rows["config.started"]["b"] == "2026-12-02"
+    assert "config.lr" not in rows, "NaN in both configs is the same value"
+    text = forensics("diff", *runs)
+    assert text.returncode == 0 and "config.started" in text.stdout and "2026-12-01T10:00:00" in text.stdout
+
+
+def test_steps_prints_the_last_value_of_each_step(tmp_path):
+    # attempt 1 logged steps 0..3 and died; attempt 2 resumed from step 2 and logged 2..4 with other numbers
+    log = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 1.0 + s} for s in range(4)] + [{"step": s, "loss": 10.0 + s, "acc": s / 10.0}
+                                                              for s in range(2, 5)]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "lo')  # a torn last line
+    res = forensics("steps", log)
+    assert res.returncode == 0, res.stderr
+    got = [strict_json(line) for line in res.stdout.splitlines()]
+    assert got == [{"step": 2, "acc": 0.2}, {"step": 3, "acc": 0.3}, {"step": 4, "acc": 0.4},
+                   {"step": 0, "loss": 1.0}, {"step": 1, "loss": 2.0}, {"step": 2, "loss": 12.0},
+                   {"step": 3, "loss": 13.0}, {"step": 4, "loss": 14.0}]
+    csv_log = tmp_path / "log.csv"
+    csv_log.write_text("epoch,val_loss\n0,1.5\n1,nan\n1,0.5\n2,inf\n")
+    got = [strict_json(line) for line in forensics("steps", csv_log).stdout.splitlines()]
+    assert got == [{"step": 0, "val_loss": 1.5}, {"step": 1, "val_loss": 0.5}, {"step": 2, "val_loss": "inf"}]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"note": "no numbers"}\n')
+    res = forensics("steps", empty)
+    assert res.returncode == 3 and "no numeric metric" in res.stderr

@@ -186,7 +186,7 @@ def test_succeeded_failed_sync_failed(tmp_path, dead_pid):
     (tmp_path / "d").mkdir()
     preempted = make_run(tmp_path / "d", "failed", dead_pid, exit_code=143, step=20, total=500)
     code, data = as_json(preempted)
-    assert code == 1 and "new run id" in data["hint"] and "fix the cause" not in data["hint"]
+    assert code == 1 and "rgt.py resume HOST RID" in data["hint"] and "fix the cause" not in data["hint"]
 
     sf = make_run(tmp_path / "c", "sync_failed", dead_pid, exit_code=0, step=500, total=500)
     set_status(sf, sync={"ok": False, "verified": False, "results_dir": "/durable/results/r1", "manifest": None,
@@ -469,3 +469,22 @@ def test_every_option_is_in_the_docstring():
     parser_flags = set(re.findall(r"--[a-z][a-z-]+", res.stdout)) - {"--help"}
     doc_flags = set(re.findall(r"--[a-z][a-z-]+", rs.__doc__))
     assert parser_flags and parser_flags - doc_flags == set() and doc_flags - parser_flags == set()
+
+
+@pytest.mark.parametrize("regex,expected", [
+    (r"(\d+)", (40, None)),                                  # the supervisor's "[rgt 13:01:54]" is not step 13
+    (r"iter (\d+): loss ([\d.]+)", (40, None)),               # a loss in group 2 is not a total
+    (r"iter (?P<step>\d+):", (40, None)),
+    (r"iter (\d+): loss (\d+)", (40, None)),                 # a whole number below the step is not a total
+    (r"iter (\d+)/(\d+)", (None, None)),                    # no line matches
+])
+def test_progress_regex_on_a_trainer_that_prints_only_text(tmp_path, live_pid, regex, expected):
+    """nanoGPT-style stdout (no heartbeat, no total): the status reads the step, never a made-up total."""
+    run = make_run(tmp_path, "running", live_pid)
+    doc = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(dict(doc, progress_regex=regex)))
+    (run / "job.log").write_text("iter 30: loss 2.4812, time 51.2ms\niter 40: loss 2.31, time 50.1ms\n"
+                                 "[rgt 13:01:54] synced out/ckpt.pt (1000 bytes, sha256 0123456789ab...)\n")
+    _code, data = as_json(run)
+    assert (data.get("step"), data.get("total_steps")) == expected, data
+    assert data["line"].startswith("RUNNING") and data["line"] == status(run).stdout.strip()

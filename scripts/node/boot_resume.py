@@ -34,7 +34,9 @@ Usage:
 
   @reboot  python3 ~/rgt-bin/boot_resume.py --runs-dir /workspace/durable/runs >> ~/rgt/boot.log 2>&1
 
---dry-run says what it would do and changes nothing. Output: one line per run acted on (or JSON).
+--dry-run says what it would do and changes nothing. Output: one line per run acted on (or JSON). With
+--run it also says which checkpoint the next attempt resumes from (resume_from, resume_args), or warns
+that it starts over (the launch recorded no resume adapters, or no good checkpoint matches them).
 
 --max-attempts N (with --run) overrides the cap recorded at launch (default 3).
 
@@ -261,10 +263,27 @@ def resume_checks(run_dir, status, run, args):
         result["why"] = why
         return 3, result
     result["ok"] = True
+    result.update(resume_plan(run))
     if args.dry_run:
         result["action"] = "would resume"
         return 0, result
     return None, result
+
+
+def resume_plan(run):
+    """What the next attempt will resume from (the launch's adapters, as supervise.py applies them), and a
+    warning when it will start over: {"resume_from", "resume_args", "warning"}."""
+    import supervise
+    extra, record = supervise.resume_choice(run)
+    plan = {"resume_from": (record or {}).get("from"), "resume_args": extra, "warning": None}
+    if record is None:
+        plan["warning"] = ("the launch recorded no --resume-glob/--resume-arg: the job restarts with its original "
+                           "arguments, from step 0 unless the trainer resumes by itself")
+    elif record.get("from") is None:
+        plan["warning"] = "no good checkpoint matches %r in %s: the job starts fresh%s" % (
+            run.get("resume_glob"), run.get("cwd"), "".join("; skipped %s (%s)" % (k["path"], k["why"])
+                                                          for k in record.get("skipped", [])[:3]))
+    return plan
 
 
 def hand_over_detached(run_dir, status, run, result):
@@ -349,6 +368,10 @@ def main(argv=None):
         else:
             print("%s %s: %s%s" % (core.OK if r["ok"] else core.FAIL, os.path.basename(r["run_dir"]), r["action"],
                                    (" (%s)" % r["why"]) if r.get("why") else " as attempt %d" % r["attempt"]))
+            if r.get("resume_from"):
+                print("resume: from %s, adds %s" % (r["resume_from"], " ".join(r.get("resume_args") or [])))
+            if r.get("warning"):
+                print("WARN %s" % r["warning"])
         return code
     for runs in args.runs_dir:
         if not os.path.isdir(runs):

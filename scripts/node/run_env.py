@@ -9,14 +9,18 @@ A number is only as trustworthy as the record of how it was made. This writes, b
   packages   name -> version from `<job python> -m pip list --format=json` (bounded)
   git        commit, branch, dirty (tracked changes), diff_sha256 and diff_bytes of the tracked
              changes (one fixed set of `git diff` flags, so the same tree gives the same hash on
-             any machine), untracked files (count and the first names), the remote with any
-             user:password removed, the repo top level and the job cwd inside it; with tracked
+             any machine), untracked files (count and the first names), the remote URL (no
+             credential: see below), the repo top level and the job cwd inside it; with tracked
              changes the diff is saved as RUN_DIR/code.patch (up to 16 MiB) unless --no-patch
   host, gpus hostname; GPU names and driver from nvidia-smi when it is there
   seeds      only environment variables that are seeds: PYTHONHASHSEED, SEED and any *_SEED;
              no other environment value is ever read into the record (they hold secrets)
   data       for each --data PATH: size, file count and SHA-256 (a directory: a digest over its
              sorted files' relative paths, sizes and SHA-256s)
+
+No credential is recorded from a URL, wherever one appears (the remote, the command, an error
+text): a URL with a scheme loses everything up to its last '@' (user, password, token) and its
+?query and #fragment; a `user:secret@host:path` remote loses its `user:secret@`.
 
 Where the job's interpreter and cwd come from: --python / --cwd when given; else run.json in
 RUN_DIR (the launcher writes it: cmd[0] when it is a Python, else the #! line of the program
@@ -37,7 +41,9 @@ Usage:
   --compare FILE   record RUN_DIR/env.json as usual, then compare it with FILE (another run's
                    env.json): python, torch, CUDA, cuDNN, GPU names and package versions are
                    WARN lines when they differ; the data FILE recorded is fingerprinted again
-                   (unless --data is given) and a changed or missing data set is a FAIL line
+                   (unless --data is given) and a changed or missing data set is a FAIL line;
+                   a FILE that is not a run_env.py record (schema rgt-env/1, each section of the
+                   shape this tool writes) is a usage error
   --json           print the record (or the comparison) as JSON instead of a summary line
 
 Exit codes: 0 recorded (with --compare: everything matches); 1 with --compare, the environment
@@ -168,9 +174,41 @@ def pip_packages(python, timeout):
     return out, None
 
 
-def strip_userinfo(url):
-    """https://user:token@host/x -> https://host/x (a remote URL may carry a credential)."""
-    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1", url or "") or None
+URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
+
+
+def clean_url(url):
+    """A URL with no credential left in it -> str (None for an empty one).
+
+    With a scheme (https://, ssh://, git+https:// ...): everything up to the LAST '@' after the scheme goes
+    (user, password or token; a password may hold an unencoded '@'), then any ?query and #fragment (a
+    `?private_token=`, a signed-URL signature). Without one (scp form `user@host:path`): a `user:secret@`
+    part goes, a plain ssh login name stays."""
+    url = (url or "").strip()
+    if not url:
+        return None
+    scheme = re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url)
+    if scheme:
+        rest = url[scheme.end():]
+        rest = rest[rest.rfind("@") + 1:]
+        return scheme.group(0) + re.split(r"[?#]", rest, 1)[0]
+    head, at, tail = url.rpartition("@")
+    return tail if at and ":" in head else url
+
+
+def scrub_urls(text):
+    """TEXT (an error message, a command word) with every URL in it passed through clean_url."""
+    return URL_IN_TEXT.sub(lambda m: clean_url(m.group(0)), text) if isinstance(text, str) else text
+
+
+def scrub_record(obj):
+    """Every string of a record (keys too) through scrub_urls: the command, error texts and the remote may
+    all quote a URL, and env.json is shared with reviewers."""
+    if isinstance(obj, dict):
+        return {scrub_urls(k): scrub_record(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub_record(v) for v in obj]
+    return scrub_urls(obj)
 
 
 def git(cwd, args, timeout, max_output=1 << 20):
@@ -191,7 +229,7 @@ def git_state(cwd, timeout, patch_to=None):
     branch = git(cwd, ["symbolic-ref", "--quiet", "--short", "HEAD"], timeout)
     out["branch"] = branch.output.strip() if branch.rc == 0 else None
     remote = git(cwd, ["config", "--get", "remote.origin.url"], timeout)
-    out["remote"] = strip_userinfo(remote.output.strip()) if remote.rc == 0 else None
+    out["remote"] = clean_url(remote.output.strip()) if remote.rc == 0 else None
     status = git(cwd, ["status", "--porcelain", "--untracked-files=normal"], timeout, max_output=4 << 20)
     untracked = [line[3:] for line in status.output.splitlines() if line.startswith("?? ")]
     out["untracked_count"] = len(untracked)
@@ -285,6 +323,7 @@ def record(run_dir, python=None, cwd=None, data=(), save_patch=True, timeout=60.
            "git": git_state(job_cwd, timeout, os.path.join(run_dir, PATCH_NAME) if save_patch else None),
            "gpus": gpu_names(min(timeout, 15.0)), "seeds": seed_vars(),
            "data": [fingerprint(p) for p in data], "toolkit": core.toolkit_version()}
+    doc = scrub_record(doc)
     core.atomic_write_json(os.path.join(run_dir, ENV_NAME), doc)
     return doc
 
@@ -301,6 +340,30 @@ def summary(doc):
         ",".join(gpus) if gpus else "none")
 
 
+SECTION_TYPES = (("python", dict), ("torch", dict), ("gpus", dict), ("packages", dict), ("git", dict),
+                 ("seeds", dict), ("data", list))
+
+
+def check_record(old, path):
+    """Raise UsageError unless OLD (loaded from PATH) has the shape record() writes."""
+    what = "--compare %s is not a run_env.py record" % path
+    if old.get("schema") != SCHEMA:
+        raise core.UsageError("%s (schema %s, expected %s)" % (what, json.dumps(old.get("schema")), SCHEMA))
+    for key, kind in SECTION_TYPES:
+        if old.get(key) is not None and not isinstance(old[key], kind):
+            raise core.UsageError("%s: %s is a %s, not %s" % (what, key, type(old[key]).__name__,
+                                                              "an object" if kind is dict else "a list"))
+    for item in old.get("data") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+            raise core.UsageError("%s: a data entry is not an object with a path: %s" % (
+                what, json.dumps(item)[:80]))
+
+
+def section(doc, key):
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def compare(new, old):
     """Lines of differences between two env records -> (env_diffs, data_problems)."""
     env, data = [], []
@@ -309,13 +372,12 @@ def compare(new, old):
         if a != b:
             env.append("WARN %s: recorded %s, here %s" % (label, a, b))
 
-    differ("python", (old.get("python") or {}).get("version"), (new.get("python") or {}).get("version"))
+    differ("python", section(old, "python").get("version"), section(new, "python").get("version"))
     for key in ("version", "cuda", "hip", "cudnn"):
-        differ("torch %s" % key, (old.get("torch") or {}).get(key), (new.get("torch") or {}).get(key))
-    old_gpus = (old.get("gpus") or {}).get("names") if isinstance(old.get("gpus"), dict) else None
-    new_gpus = (new.get("gpus") or {}).get("names") if isinstance(new.get("gpus"), dict) else None
-    differ("GPUs", old_gpus, new_gpus)
-    old_pk, new_pk = old.get("packages") or {}, new.get("packages") or {}
+        differ("torch %s" % key, section(old, "torch").get(key), section(new, "torch").get(key))
+    differ("GPUs", section(old, "gpus").get("names") if old.get("gpus") is not None else None,
+           section(new, "gpus").get("names") if new.get("gpus") is not None else None)
+    old_pk, new_pk = section(old, "packages"), section(new, "packages")
     for name in sorted(set(old_pk) | set(new_pk)):
         if old_pk.get(name) != new_pk.get(name):
             differ("package %s" % name, old_pk.get(name, "absent"), new_pk.get(name, "absent"))
@@ -326,7 +388,7 @@ def compare(new, old):
             data.append("FAIL data %s is missing here" % item["path"])
         elif want and want.get("sha256") != item["sha256"]:
             data.append("FAIL data %s changed: recorded sha256 %s, here %s" % (
-                item["path"], (want.get("sha256") or "none")[:16], item["sha256"][:16]))
+                item["path"], str(want.get("sha256") or "none")[:16], item["sha256"][:16]))
     return env, data
 
 
@@ -363,6 +425,8 @@ def main(argv=None):
     if args.cwd and not os.path.isdir(args.cwd):
         raise core.UsageError("--cwd %s is not a directory" % args.cwd)
     old = core.load_json_strict(args.compare, "--compare") if args.compare else None
+    if old is not None:
+        check_record(old, args.compare)
     data = list(args.data)
     if old is not None and not data:
         data = [d.get("path") for d in old.get("data") or [] if isinstance(d, dict) and d.get("path")]

@@ -80,7 +80,9 @@ EXIT_UNWATCHED = 8
 TERMINAL = {"succeeded", "failed", "sync_failed", "deadman_fired"}
 STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed")
 HINT = {
-    "failed": "read job.log, fix the cause, relaunch the same command (a resumable job continues)",
+    "failed": "read job.log, fix the cause, then resume it as the next attempt: rgt.py resume HOST RID (on the "
+              "node: boot_resume.py --run RUN_DIR); it continues from a checkpoint if the trainer resumes by "
+              "itself or the launch gave --resume-glob/--resume-arg",
     "sync_failed": "outputs are not durable yet: check status.json sync.error and the disk, re-run the sync; "
                    "do NOT tear down",
     "stalled": "look at job.log and the process (py-spy dump, nvidia-smi); the dead-man fires at its "
@@ -291,6 +293,8 @@ def log_progress(log_path, pattern, tail_bytes=256 * 1024):
     except (OSError, re.error):
         return None, None
     for line in reversed(lines):
+        if line.startswith("[rgt "):  # the supervisor's own notes ("[rgt 13:01:54] ...") are never progress
+            continue
         match = rx.search(line)
         if not match:
             continue
@@ -299,7 +303,13 @@ def log_progress(log_path, pattern, tail_bytes=256 * 1024):
         step = named.get("step") if "step" in named else (groups[0] if groups else None)
         total = named.get("total") if "total" in named else (groups[1] if len(groups) > 1 and "step" not in named
                                                                 else None)
-        return num(as_int(step) if step is not None else None), num(as_int(total) if total is not None else None)
+        step = num(as_int(step)) if step is not None else None
+        # a second group that is not a whole number >= step (a loss, a learning rate) is not a total
+        whole = total is not None and re.match(r"^\s*\d+\s*$", str(total))
+        total = num(as_int(total)) if whole else None
+        if total is not None and step is not None and total < step:
+            total = None
+        return step, total
     return None, None
 
 
@@ -430,9 +440,9 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     r["status"], r["exit"], r["hint"] = word, EXIT[word], HINT.get(word)
     if word == "failed" and status.get("exit_code") in (143, 130, 129):
         # 128 + SIGTERM/SIGINT/SIGHUP: stopped from outside (preemption, a drill, a stop), not a bug
-        r["hint"] = ("stopped by a signal (exit %s), e.g. preemption or a manual stop: relaunch the same "
-                     "command with a new run id from the same directory; a resumable job continues"
-                     % status.get("exit_code"))
+        r["hint"] = ("stopped by a signal (exit %s), e.g. preemption or a manual stop: resume it as the next "
+                     "attempt in the same run dir (rgt.py resume HOST RID; on the node boot_resume.py --run "
+                     "RUN_DIR); a resumable job continues from its newest checkpoint" % status.get("exit_code"))
     if word == "deadman_fired":
         r["reason"] = "dead-man fired: %s" % (fired.get("reason") or "see deadman.log")
     elif word in TERMINAL and dm["word"] in ("DOWN", "EXITED"):
@@ -504,6 +514,8 @@ def add_cost(r, run_dir, rate):
 
 
 def emit(r, as_json, lines):
+    if as_json:
+        r = dict(r, line=one_line(r))  # the text-mode line, for callers that print it (rgt.py status)
     if as_json and lines:
         sys.stdout.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
         sys.stdout.flush()
