@@ -635,7 +635,8 @@ def cmd_ledger(args):
         print("%s nothing in %s is waiting for the teardown gate" % (core.OK, path))
         return 0
     for rec in sorted(open_runs, key=lambda r: (r["host"], r["run_id"])):
-        tag = "PASSED gate" if rec.get("gate") == "PASS" else "MAY STILL BE BILLING"
+        tag = ("PASSED gate" if rec.get("gate") == "PASS" else
+               "NOT GATED (no meter)" if rec.get("profile") == "local" else "MAY STILL BE BILLING")
         print("%-22s %-14s %-30s attempt %-3s last %-10s seen %s ago (%s)" % (
               tag, rec["host"], rec["run_id"], rec.get("attempt") or "?", rec.get("last_event"),
               rec["last_seen_ago"], rec.get("state") or "?"))

@@ -104,6 +104,41 @@ def test_third_party_trainer_preempted_and_resumed_as_attempt_two(tmp_path, box)
     assert list((run_dir / "previous").iterdir()), "attempt 1's evidence was kept apart"
 
 
+def test_a_torn_checkpoint_is_put_back_from_its_verified_durable_copy(tmp_path, box):  # noqa: F811
+    """Preempted mid-save (or a container disk wiped by a restart): nothing good is left in the job's cwd, but
+    the end-of-attempt sync kept a verified copy. The next attempt resumes from it instead of step 0, and the
+    torn file is kept aside, not deleted."""
+    (box.work / "train.py").write_text(TRAINER)
+    gate = tmp_path / "hold"
+    gate.write_text("hold")
+    env = dict(box.env, GATE_FILE=str(gate))
+    argv = ["bash", str(NODE / "run_one.sh"), "--profile", "testbox", "--run-id", "torn", *ADAPT, "--",
+            sys.executable, "train.py", "--steps", "60"]
+    assert subprocess.run(argv, cwd=str(box.work), env=env, capture_output=True, text=True,
+                          timeout=120).returncode == 0
+    run_dir = box.run_dir("torn")
+    assert wait_for(lambda: (status_json(run_dir).get("step") or 0) >= 5, 90)
+    os.kill(read(run_dir / "status.json")["supervisor_pid"], signal.SIGTERM)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 90)
+    durable = box.durable / "results" / "torn" / "out" / "ckpt.pt"
+    good = durable.read_bytes()
+    saved = torch.load(durable)["step"]
+    (box.work / "out" / "ckpt.pt").write_bytes(good[: len(good) // 3])          # cut off mid-save
+
+    code, plan, _ = boot_resume(env, "--run", run_dir, "--dry-run")
+    assert code == 0 and plan["resume_from"] == "out/ckpt.pt" and plan["restored_from"] == str(durable), plan
+    assert (box.work / "out" / "ckpt.pt").read_bytes() != good                 # a dry run puts nothing back
+    gate.unlink()
+    code, done, err = boot_resume(env, "--run", run_dir)
+    assert code == 0 and done["action"] == "resumed", (done, err)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 120)
+    status = read(run_dir / "status.json")
+    assert status["attempt"] == 2 and status["resume"]["restored_from"] == str(durable)
+    assert (box.work / "out" / "final.txt").read_text() == "steps_done 60 from %d\n" % saved
+    (aside,) = (run_dir / "torn" / "out").iterdir()
+    assert aside.read_bytes() == good[: len(good) // 3]
+
+
 def test_adapter_arguments_are_checked_at_launch(tmp_path, box):  # noqa: F811
     for opts, fragment in ((["--resume-glob", "out/*.pt"], "go together"),
                            (["--progress-regex", "step ("], "does not compile"),

@@ -311,6 +311,14 @@ def test_no_stop_command_is_recorded_loudly(tmp_path):
     assert NO_STOP.upper() in (run / "deadman.log").read_text()
 
 
+def test_a_local_run_is_not_told_a_meter_runs(tmp_path):
+    """Own machine (profile local): nothing bills, so arming without a stop says so instead of a meter warning."""
+    run = make_run(tmp_path, state="succeeded", exit_code=0)
+    res = arm_fg(run, "--grace-minutes", "0", "--profile", "local")
+    assert "profile local has no platform meter" in res.stderr and "meter is still running if" not in res.stderr
+    assert read(run, "DEADMAN_FIRED.json")["message"] == NO_STOP   # the record itself is unchanged
+
+
 def test_failing_stop_is_retried_with_backoff_then_exit_1(tmp_path):
     run = make_run(tmp_path, state="succeeded", exit_code=0)
     stop, calls = stand_in(tmp_path, rc=5)

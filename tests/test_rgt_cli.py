@@ -112,7 +112,8 @@ def chain(tmp_path, server, bare, bare_node=False):
     assert logs.returncode == 0 and "step 1/1" in logs.stdout
 
     ledger = rgt(tmp_path, sshd_server, "--json", "ledger")
-    assert [r["run_id"] for r in json.loads(ledger.stdout)["runs"]] == ["cli-1"]  # may still bill
+    assert [r["run_id"] for r in json.loads(ledger.stdout)["runs"]] == ["cli-1"]  # not through the gate yet
+    assert "NOT GATED (no meter)" in rgt(tmp_path, sshd_server, "ledger").stdout  # --profile local: no platform meter
 
     pulled = tmp_path / "pulled"
     res = rgt(tmp_path, sshd_server, "pull", "gpu-box", "cli-1", "--dest", str(pulled))

@@ -1198,7 +1198,10 @@ def build_config(args, run_dir):
     if fallback_word:
         raise core.UsageError("--fallback-stop-cmd looks destructive (%s): the fallback must be non-destructive"
                               % fallback_word)
-    if not cfg["stop_cmd"] and not cfg["fallback_stop_cmd"]:
+    if not cfg["stop_cmd"] and not cfg["fallback_stop_cmd"] and profile == "local":
+        warnings.append("NOTE: profile local has no platform meter; if this fires it only records why (give "
+                        "--stop-cmd to act, e.g. a suspend command)")
+    elif not cfg["stop_cmd"] and not cfg["fallback_stop_cmd"]:
         warnings.append("WARNING: %s if this fires (no --stop-cmd, and profile %s has no METER_STOP_CMD); "
                         "it will only record why" % (NO_STOP_MSG, profile or "(none)"))
     if args.wait_ssh and ssh_sessions() is None:

@@ -66,6 +66,7 @@ import errno
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import stat
@@ -269,8 +270,42 @@ def check_adapters(args):
             raise core.UsageError("--progress-regex needs a group for the step: (?P<step>\\d+) or (\\d+)")
 
 
-def resume_choice(run):
-    """(extra argv, record): the newest checkpoint matching resume_glob that passes the content check."""
+def durable_checkpoint(run, rx):
+    """(rel, path) of the newest checkpoint in the run's results dir that matches the resume glob, is listed in
+    its manifest and still hashes to it and passes the content check; else None."""
+    results = run.get("results_dir") or ""
+    manifest = core.read_json(os.path.join(results, evidence.MANIFEST_NAME))
+    listed = [e for e in manifest.get("files") or [] if isinstance(e, dict) and isinstance(e.get("path"), str)
+              and rx.fullmatch(e["path"]) and os.path.isfile(os.path.join(results, e["path"]))]
+    listed.sort(key=lambda e: os.path.getmtime(os.path.join(results, e["path"])), reverse=True)
+    for entry in listed:
+        path = os.path.join(results, entry["path"])
+        try:
+            if core.sha256_file(path)[1] == entry.get("sha256") and evidence.content_check(path, entry["path"])[1] is None:
+                return entry["path"], path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def restore_checkpoint(run, rel, source):
+    """Put the durable copy SOURCE back at CWD/REL for the trainer; a torn file there moves to RUN_DIR/torn/."""
+    target = os.path.join(run.get("cwd") or ".", *rel.split("/"))
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.lexists(target):
+        aside = os.path.join(run.get("run_dir") or ".", "torn", "%s.%d" % (rel, int(time.time())))
+        os.makedirs(os.path.dirname(aside), exist_ok=True)
+        shutil.move(target, aside)
+    tmp = os.path.join(os.path.dirname(target), ".%s.rgt-restore" % os.path.basename(target))
+    copy_file(source, tmp)
+    os.replace(tmp, target)
+
+
+def resume_choice(run, restore=False):
+    """(extra argv, record): the newest checkpoint matching resume_glob that passes the content check. With none
+    good in the job's cwd (torn by a preemption mid-save, or the container disk wiped by a restart), the newest
+    verified durable copy in the results dir is used: RESTORE copies it back first (the launch), without it
+    the record only says it would (a dry run)."""
     pattern, template = run.get("resume_glob"), run.get("resume_arg")
     if not pattern or not template:
         return [], None
@@ -293,6 +328,13 @@ def resume_choice(run):
             extra = [a.replace("{}", rel) for a in shlex.split(template)]
             return extra, {"from": rel, "args": extra, "skipped": skipped}
         skipped.append({"path": rel, "why": why})
+    durable = durable_checkpoint(run, rx)
+    if durable is not None:
+        rel, source = durable
+        if restore:
+            restore_checkpoint(run, rel, source)
+        extra = [a.replace("{}", rel) for a in shlex.split(template)]
+        return extra, {"from": rel, "args": extra, "skipped": skipped, "restored_from": source}
     return [], {"from": None, "args": [], "skipped": skipped}
 
 
@@ -775,10 +817,17 @@ class Supervisor(object):
                    RGT_HEARTBEAT=run_path(self.run_dir, "heartbeat.json"))
         if not cmd or not isinstance(cmd, list) or not os.path.isdir(cwd):
             return 127, "cannot start: no command in run.json, or its cwd %r is gone" % cwd
-        extra, resume = resume_choice(run)
+        try:
+            extra, resume = resume_choice(run, restore=True)
+        except (OSError, ValueError) as exc:  # a fresh start would overwrite the good copy at its next sync
+            return 1, ("cannot put the verified durable checkpoint back into %s (%s): not starting, since a fresh "
+                       "start would replace it at the next sync" % (cwd, getattr(exc, "strerror", None) or exc))
         if resume is not None:
             for item in resume["skipped"]:
                 self.note("resume: skipping %s: %s" % (item["path"], item["why"]))
+            if resume.get("restored_from"):
+                self.note("resume: restored %s from its verified durable copy %s" % (resume["from"],
+                                                                                      resume["restored_from"]))
             self.note("resume: from %s" % resume["from"] if resume["from"] else "resume: no good checkpoint, fresh start")
             set_status(self.run_dir, resume=resume)
             cmd = list(cmd) + extra
