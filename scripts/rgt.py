@@ -321,6 +321,20 @@ def node_tool(args, name):
     return args.node_dir + "/" + name
 
 
+def node_json(args, ssh, argv, what, timeout):
+    """Run a node tool that prints one JSON object -> (result, the object); its stderr shown when it gave none."""
+    res = checked(ssh.run(remote_command(argv), timeout=timeout), what)
+    try:
+        doc = json.loads(text(res.stdout))
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        sys.stderr.write(text(res.stderr))
+        raise core.CheckFailed("%s on %s gave no JSON (exit %d)" % (os.path.basename(argv[1]), args.host,
+                                                                     res.returncode))
+    return res, doc
+
+
 def again(args, *words):
     """This CLI with the global options given now, plus WORDS: a line the user can paste as it is."""
     line = ["python3", "scripts/rgt.py"]
@@ -414,12 +428,7 @@ def cmd_status(args, ssh):
     argv = ["python3", node_tool(args, "run_status.py"), run_dir, "--json"]
     if args.rate_per_hour is not None:
         argv += ["--rate-per-hour", str(args.rate_per_hour)]
-    res = checked(ssh.run(remote_command(argv), timeout=120), "status")
-    try:
-        status = json.loads(text(res.stdout))
-    except ValueError:
-        sys.stderr.write(text(res.stderr))
-        raise core.CheckFailed("run_status.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
+    res, status = node_json(args, ssh, argv, "status", 120)
     state = status.get("status") or status.get("state")
     ledger_append(ledger_path(args.ledger), event="status", host=args.host, run_id=rid, state=state,
                   attempt=status.get("attempt"))
@@ -470,12 +479,8 @@ def cmd_resume(args, ssh):
     if args.give_up_hours is not None:
         argv += ["--give-up-hours", str(args.give_up_hours)]
     argv += ["--dry-run"] if args.dry_run else []
-    res = checked(ssh.run(remote_command(argv), timeout=700), "resume")
-    try:
-        result = json.loads(text(res.stdout))
-    except ValueError:
-        sys.stderr.write(text(res.stderr))
-        raise core.CheckFailed("boot_resume.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
+    # boot_resume waits up to 90 s for the old dead-man and 600 s for the relaunch: leave it room
+    res, result = node_json(args, ssh, argv, "resume", 900)
     if not args.dry_run:
         launched = result.get("action") == "resumed" and result.get("ok")
         # a refused or failed resume leaves the run at its current attempt; boot_resume names the next one

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""run_forensics.py: check that a result is real from the run's own records (laptop side).
+r"""run_forensics.py: check that a result is real from the run's own records (laptop side).
 
 A final number hides how it was reached. Read the whole record instead: where the best value was
 and how far the last one fell from it, what else differed between two runs besides the knob you
 meant to change, and whether the curve has NaNs, spikes or a flat tail.
 
 Usage:
-  run_forensics.py list RUN_DIR... [--metric NAME] [--mode min|max] [--json]
+  run_forensics.py list RUN_DIR... [--metric NAME] [--mode min|max] [--log-regex RE]... [--json]
   run_forensics.py diff RUN_A RUN_B [--all] [--json]
-  run_forensics.py curve RUN --metric NAME [--mode min|max] [--window N] [--z Z] [--flat-k K]
-                         [--flat-tol T] [--decline F] [--json]
-  run_forensics.py steps FILE
+  run_forensics.py curve RUN --metric NAME [--mode min|max] [--log-regex RE]... [--window N] [--z Z]
+                         [--flat-k K] [--flat-tol T] [--decline F] [--json]
+  run_forensics.py steps FILE [--log-regex RE]...
 
   list   for each run (a folder of runs lists each child run; a folder whose wandb/ holds several
          W&B runs lists each of them): the metric's best
@@ -31,18 +31,36 @@ Usage:
   steps  one *.jsonl or *.csv metrics FILE read as list and curve read it (the last value logged for
          each step, in step order), printed as JSON lines: {"step": S, "NAME": VALUE}, each name's
          points together; scripts/repro.py checks a re-run's numbers against this, so a resumed
-         run that logged some steps twice counts each step once
+         run that logged some steps twice counts each step once. With --log-regex, FILE is any text
+         log (a job.log) read through the regexes; two regexes may not name the same metric here
 
   --metric NAME  a metric name as logged (`loss`, `val/acc`, `eval.top1`); SOURCE:NAME picks one
                  source when two files log the same name (the names `list --json` prints)
   --mode min|max whether lower or higher is better; guessed from the name only when it is clear,
                  and the output says it was guessed; an unclear name without --mode is exit 2
   --all          diff: also compare the keys that differ between any two runs (run id, paths, times)
+  --log-regex RE list, curve, steps: read a trainer that prints its numbers only to stdout (nanoGPT
+                 without W&B). RE is a Python regex searched in each line of the run's job.log (the
+                 node's run dir) and logs/job.log (a pulled copy); both are read when both are there.
+                 Its (?P<step>...) group is the step (required: without it, exit 2) and every other
+                 named group is a metric, read as a number (nan and inf are kept, as in JSONL). Give
+                 it once per kind of line: each RE is a source of its own, FILE#N (N = its place among
+                 the --log-regex options), so `iter 20: loss 3.58` and `step 20: train loss 3.38`
+                 never merge into one curve even when both groups are named loss. Lines the
+                 supervisor writes (`[rgt HH:MM:SS] ...`) are never read. A name another source
+                 (JSONL, CSV, TensorBoard, W&B) already logs stays with it: pick the log's with
+                 --metric 'logs/job.log#1:loss'. For nanoGPT:
+                   --log-regex 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'
+                   --log-regex 'step (?P<step>\d+): train loss (?P<train_loss>[\d.]+), val loss (?P<val_loss>[\d.]+)'
+                 [\d.]+ does not match `nan`, so such a line is silently left out: write
+                 (?P<loss>[\w.+-]+) to see NaN/inf in the curve
   --json         one JSON object on stdout. Strict JSON: NaN and infinite values (a metric, a step, a
                  config value) are written as the strings "nan", "inf" and "-inf", dates and times
                  from a YAML config as ISO 8601 strings (steps writes its values the same way)
 
 Sources read in a run dir (walked 4 levels deep; previous/ attempts and logs/ are skipped):
+  job.log, logs/job.log  the job's stdout, only through --log-regex (above); without it a run whose
+                 only record is its job.log has no source, and the error says to give --log-regex
   *.jsonl        one JSON object per line; nested objects are flattened; the step is the first of
                  step, global_step, _step, iteration, iter, epoch a record has, else the line number
   *.csv          a header row and numeric columns; the step column as for JSONL
@@ -60,8 +78,11 @@ Sources read in a run dir (walked 4 levels deep; previous/ attempts and logs/ ar
                  WANDB_API_KEY is set in the environment (the key is never printed)
 
 Exit codes: 0 ok; 1 curve findings that warrant a look; 2 usage; 3 a needed package is missing
-or the run has no readable source for the metric.
+or the run has no readable source for the metric. list exits 3 as curve does when none of the runs
+it lists has the metric, or (without --metric) has any metric at all, e.g. a run with no source;
+runs that have one are still printed, and the others are shown as MISSING / NO METRICS.
 """
+import argparse
 import csv
 import json
 import math
@@ -81,6 +102,9 @@ EXIT_MISSING = 3
 STEP_KEYS = ("step", "global_step", "_step", "iteration", "iter", "epoch")
 SKIP_DIRS = {"previous", "logs", "__pycache__", "node_modules", ".git"}
 MAX_DEPTH = 4
+LOG_NAMES = ("job.log", "logs/job.log")   # the node run dir's stdout, and the copy a pull brings back
+SUPERVISOR_MARK = "[rgt "                  # supervise.py's own lines in job.log: "[rgt 13:01:54] ..."
+NANOGPT_HINT = "--log-regex 'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)'"
 CONFIG_NAMES = ("config.json", "config.yaml", "config.yml", "hparams.yaml", "hparams.yml", "hparams.json",
                 "args.json", "args.yaml", "resolved_config.json", "resolved_config.yaml")
 VOLATILE = {"run.run_id", "run.run_dir", "run.results_dir", "run.created_at", "run.host", "run.attempt",
@@ -183,6 +207,95 @@ def show(value, width=40):
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+# ---------------------------------------------------------------- the job's stdout (--log-regex)
+
+def log_regex_arg(text):
+    """An argparse type: a compiled --log-regex with a (?P<step>...) group and at least one other named group."""
+    try:
+        rx = re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError("'%s' does not compile: %s" % (text, exc))
+    if "step" not in rx.groupindex:
+        raise argparse.ArgumentTypeError("'%s' has no (?P<step>...) group: name the step, e.g. "
+                                         "'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)'" % text)
+    if len(rx.groupindex) < 2:
+        raise argparse.ArgumentTypeError("'%s' names no metric: add a named group per value, e.g. "
+                                         "(?P<loss>[\\d.]+)" % text)
+    return rx
+
+
+def log_files(path):
+    """The job.log copies in run dir PATH, as LOG_NAMES spells them."""
+    return [rel for rel in LOG_NAMES if os.path.isfile(os.path.join(path, *rel.split("/")))]
+
+
+def log_series(path, regexes):
+    """One (series, unreadable) per regex over the lines of the text log PATH: series {name: [(step, value)]}
+    with the last value of each step, unreadable [count, first line] of matching lines whose step or a value
+    is not a number. A carriage return ends a line (progress bars); supervisor lines are skipped."""
+    found = [({}, [0, None]) for _rx in regexes]
+    with open(path, encoding="utf-8", errors="replace") as handle:  # universal newlines: \r splits too
+        for line in handle:
+            line = line.rstrip("\n")
+            if not line or line.startswith(SUPERVISOR_MARK):
+                continue
+            for rx, (series, bad) in zip(regexes, found):
+                match = rx.search(line)
+                if not match:
+                    continue
+                groups = match.groupdict()
+                step = as_number(groups.pop("step"))
+                values = [(name, as_number(text)) for name, text in groups.items() if text is not None]
+                if step is None or not math.isfinite(step) or any(v is None for _n, v in values):
+                    bad[0] += 1
+                    bad[1] = bad[1] or line.strip()
+                if step is None or not math.isfinite(step):
+                    continue
+                step = int(step) if step == int(step) else step
+                for name, value in values:
+                    if value is not None:
+                        series.setdefault(name, []).append((step, value))
+    return [({k: dedupe(v) for k, v in series.items()}, bad) for series, bad in found]
+
+
+def load_logs(run, regexes):
+    """Each --log-regex over each job.log copy of RUN: a source FILE#N per (file, regex) that matched."""
+    def say(line):
+        run.notes.append(line)
+        run.log_notes.append(line)
+    files = log_files(run.path)
+    if not files:
+        say("--log-regex given, but %s holds no %s" % (run.path, " or ".join(LOG_NAMES)))
+        return
+    for rel in files:
+        try:
+            found = log_series(os.path.join(run.path, *rel.split("/")), regexes)
+        except OSError as exc:
+            say("skipped %s: %s" % (rel, exc.strerror or exc))
+            continue
+        for index, (series, bad) in enumerate(found, 1):
+            label = "%s#%d" % (rel, index)
+            if bad[0]:
+                say("%s: %d matching line(s) had a step or value that is not a number, the first: %s"
+                                 % (label, bad[0], show(bad[1], 100)))
+            if not series:
+                say("%s: --log-regex #%d (%s) matched no line with a numeric step"
+                                 % (label, index, show(regexes[index - 1].pattern, 80)))
+                continue
+            run.sources.append(label)
+            for name, points in sorted(series.items()):
+                run.add_series(label, name, points)
+
+
+def log_hint(run, regexes):
+    """A pointer at --log-regex when RUN's only metrics may be in its job.log ("" when there is nothing to say)."""
+    files = log_files(run.path) if os.path.isdir(run.path) else []
+    if files and not regexes:
+        return ("; %s holds the job's stdout: read its numbers with %s (a (?P<step>) group and one named group "
+                "per metric; see --help)" % (files[0], NANOGPT_HINT))
+    return "; " + "; ".join(run.log_notes) if regexes and run.log_notes else ""
+
+
 # ---------------------------------------------------------------- a run and its sources
 
 class Run(object):
@@ -197,6 +310,7 @@ class Run(object):
         self.sources = []
         self.notes = []
         self.unreadable = []  # sources a missing package kept closed
+        self.log_notes = []   # what --log-regex found wanting (also in notes)
 
     def add_series(self, source, name, points):
         if not points:
@@ -319,7 +433,7 @@ def safe_list(folder):
         return []
 
 
-def load_run(path):
+def load_run(path, log_regexes=()):
     run = Run(path)
     tb_dirs = []
     for folder, _dirs, files in walk(path):
@@ -362,6 +476,8 @@ def load_run(path):
         load_tensorboard(run, folder)
     for folder in wandb_folders(path):
         load_wandb_folder(run, folder)
+    if log_regexes:  # last: a name a structured source logs keeps that source
+        load_logs(run, log_regexes)
     return run
 
 
@@ -612,7 +728,7 @@ def load_wandb_api(spec):
 def has_own_records(path):
     """PATH itself is one run: a launcher record, an env record, or metric files directly in it."""
     names = safe_list(path)
-    return ("run.json" in names or "env.json" in names or
+    return ("run.json" in names or "env.json" in names or bool(log_files(path)) or
             any(n.endswith((".jsonl", ".csv")) or n.startswith("events.out.tfevents.") for n in names))
 
 
@@ -629,9 +745,9 @@ def load_wandb_only(folder):
     return run
 
 
-def runs_from(paths):
-    """Runs for each PATH: the run itself when it has its own records, else each child run dir and each
-    W&B run folder in PATH/wandb."""
+def runs_from(paths, log_regexes=()):
+    """Runs for each PATH: the run itself when it has its own records (a job.log counts), else each child
+    run dir and each W&B run folder in PATH/wandb."""
     runs = []
     for path in paths:
         if path.startswith("wandb:"):
@@ -642,17 +758,17 @@ def runs_from(paths):
         name = os.path.basename(os.path.normpath(path))
         own_wandb = [f for f in wandb_folders(path) if os.path.dirname(f) == os.path.join(path, "wandb")]
         if has_own_records(path) or re.match(r"^(offline-)?run-", name) or len(own_wandb) == 1:
-            runs.append(load_run(path))
+            runs.append(load_run(path, log_regexes))
             continue
-        found = [load_run(os.path.join(path, d)) for d in safe_list(path)
+        found = [load_run(os.path.join(path, d), log_regexes) for d in safe_list(path)
                  if d not in SKIP_DIRS and d != "wandb" and not d.startswith(".")
                  and os.path.isdir(os.path.join(path, d)) and is_run(os.path.join(path, d))]
         found += [load_wandb_only(f) for f in own_wandb]
-        runs.extend(found or [load_run(path)])
+        runs.extend(found or [load_run(path, log_regexes)])
     return runs
 
 
-def one_run(path):
+def one_run(path, log_regexes=()):
     if path.startswith("wandb:"):
         runs = load_wandb_api(path)
         if len(runs) != 1:
@@ -660,7 +776,7 @@ def one_run(path):
         return runs[0]
     if not os.path.isdir(path):
         raise core.UsageError("%s is not a directory" % path)
-    return load_run(path)
+    return load_run(path, log_regexes)
 
 
 # ---------------------------------------------------------------- statistics
@@ -756,14 +872,15 @@ def curve_findings(points, mode, window=10, z_limit=6.0, flat_k=20, flat_tol=1e-
 
 # ---------------------------------------------------------------- commands
 
-def check_missing(run, what):
+def check_missing(run, what, regexes=()):
     if run.unreadable:
         raise Missing("%s: %s; %s" % (run.label, what, "; ".join(run.notes)))
-    raise Missing("%s: %s (sources read: %s)" % (run.label, what, ", ".join(run.sources) or "none"))
+    raise Missing("%s: %s (sources read: %s)%s" % (run.label, what, ", ".join(run.sources) or "none",
+                                                    log_hint(run, regexes)))
 
 
 def cmd_list(args):
-    runs = runs_from(args.runs)
+    runs = runs_from(args.runs, args.log_regex or ())
     if not runs:
         raise Missing("no runs found under %s" % ", ".join(args.runs))
     mode_from = None
@@ -775,7 +892,9 @@ def cmd_list(args):
     rows, missing = [], 0
     for run in runs:
         entry = {"run": run.path, "name": run.label, "sources": run.sources, "notes": run.notes, "metrics": {}}
-        names = [args.metric] if args.metric else sorted(run.bare)
+        # without --metric: each name logged per step, then the names only a W&B summary holds
+        names = [args.metric] if args.metric else sorted(run.bare) + sorted(
+            k for k in run.summary if ":" not in k and k not in run.series)
         for name in names:
             points = metric_for(run, name)
             if args.metric:
@@ -791,12 +910,13 @@ def cmd_list(args):
             stats = best_last(points, use_mode)
             stats.update(mode=use_mode, mode_from=how, source=run.origin.get(name))
             entry["metrics"][name] = stats
-        if args.metric and args.metric not in entry["metrics"]:
+        if (args.metric and args.metric not in entry["metrics"]) or not entry["metrics"]:
             missing += 1
             entry["missing"] = True
         rows.append(entry)
     if args.json:
-        emit({"metric": args.metric, "mode": args.mode, "runs": rows})
+        emit({"metric": args.metric, "mode": args.mode, "log_regex": [rx.pattern for rx in args.log_regex or ()],
+              "runs": rows})
     else:
         if args.metric:
             print("METRIC %s (%s better, %s)" % (args.metric, "lower" if mode == "min" else "higher", mode_from))
@@ -811,9 +931,13 @@ def cmd_list(args):
                                                          fmt(m["last"]), fmt(m["last_step"]), m["points"]))
                 continue
             print("RUN %s (%s)" % (entry["name"], ", ".join(entry["sources"]) or "no sources"))
+            if not entry["metrics"]:
+                print("  NO METRICS no source of this run logs a number")
             shown = sorted(entry["metrics"].items())[:20]
             for name, m in shown:
-                if m["mode"]:
+                if m.get("from"):
+                    print("  %-30s last %s, from the W&B %s" % (name, fmt(m["last"]), m["from"]))
+                elif m["mode"]:
                     print("  %-30s best %s at step %s, last %s at step %s (%s better, %s)" % (
                         name, fmt(m["best"]), fmt(m["best_step"]), fmt(m["last"]), fmt(m["last_step"]),
                         "lower" if m["mode"] == "min" else "higher", m["mode_from"]))
@@ -825,9 +949,14 @@ def cmd_list(args):
         for entry in rows:
             for line in entry["notes"]:
                 note("NOTE %s: %s" % (entry["name"], line))
-    if args.metric and missing == len(rows):
+    if missing == len(rows):  # as curve: nothing to show is exit 3, never a quiet 0
         unreadable = [r for r in runs if r.unreadable]
-        raise Missing("no run has %r%s" % (args.metric, "; " + "; ".join(unreadable[0].notes) if unreadable else ""))
+        hints = [log_hint(r, args.log_regex or ()) for r in runs]
+        hint = "; " + "; ".join(unreadable[0].notes) if unreadable else next((h for h in hints if h), "")
+        if args.metric:
+            raise Missing("no run has %r%s" % (args.metric, hint))
+        raise Missing("no run has a metric (sources read: %s)%s" % (
+            ", ".join(sorted(set(src for r in runs for src in r.sources))) or "none", hint))
     return 0
 
 
@@ -865,10 +994,11 @@ def cmd_diff(args):
 
 
 def cmd_curve(args):
-    run = one_run(args.run)
+    regexes = args.log_regex or ()
+    run = one_run(args.run, regexes)
     points = metric_for(run, args.metric)
     if points is None:
-        check_missing(run, "no source logs %r" % args.metric)
+        check_missing(run, "no source logs %r" % args.metric, regexes)
     mode, how = resolve_mode(args.metric.split(":")[-1], args.mode)
     if mode is None:
         raise core.UsageError("cannot tell from the name whether higher or lower %r is better; give --mode min "
@@ -877,8 +1007,8 @@ def cmd_curve(args):
     findings = curve_findings(points, mode, args.window, args.z, args.flat_k, args.flat_tol, args.decline)
     if args.json:
         emit({"run": run.path, "metric": args.metric, "mode": mode, "mode_from": how,
-                        "source": run.origin.get(args.metric), "stats": stats, "findings": findings,
-                        "notes": run.notes})
+              "source": run.origin.get(args.metric), "log_regex": [rx.pattern for rx in regexes],
+              "stats": stats, "findings": findings, "notes": run.notes})
     else:
         print("CURVE %s %s (%s better, %s; from %s): %d points, steps %s..%s" % (
             run.label, args.metric, "lower" if mode == "min" else "higher", how, run.origin.get(args.metric),
@@ -896,8 +1026,12 @@ def cmd_curve(args):
 
 def cmd_steps(args):
     path = args.file
+    regexes = args.log_regex or ()
     if not os.path.isfile(path):
-        raise core.UsageError("%s is not a file (give a *.jsonl or *.csv metrics file)" % path)
+        raise core.UsageError("%s is not a file (give a *.jsonl or *.csv metrics file, or a log with --log-regex)"
+                              % path)
+    if regexes:
+        return steps_from_log(path, regexes)
     if not path.lower().endswith((".jsonl", ".csv")):
         raise core.UsageError("%s is not a *.jsonl or *.csv metrics file" % path)
     try:
@@ -915,14 +1049,45 @@ def cmd_steps(args):
     return 0
 
 
+def steps_from_log(path, regexes):
+    """steps FILE --log-regex RE...: the regexes' series of the text log FILE, each name's points together."""
+    named = {}
+    for index, rx in enumerate(regexes, 1):
+        for name in rx.groupindex:
+            if name != "step" and named.setdefault(name, index) != index:
+                raise core.UsageError("--log-regex #%d and #%d both name %r: steps prints bare names, so give the "
+                                      "groups different names" % (named[name], index, name))
+    try:
+        found = log_series(path, regexes)
+    except OSError as exc:
+        raise core.UsageError("cannot read %s: %s" % (path, exc.strerror or exc))
+    series = {}
+    for index, (one, bad) in enumerate(found, 1):
+        if bad[0]:
+            note("NOTE --log-regex #%d: %d matching line(s) had a step or value that is not a number, the first: %s"
+                 % (index, bad[0], show(bad[1], 100)))
+        series.update(one)
+    if not series:
+        raise Missing("no line of %s matches %s" % (path, " or ".join(show(rx.pattern, 80) for rx in regexes)))
+    for name in sorted(series):
+        for step, value in series[name]:
+            sys.stdout.write(json.dumps(jsonable({"step": step, name: value}), ensure_ascii=False,
+                                        allow_nan=False) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
 def build_parser():
     parser = core.Parser(prog=PROG, description="Run forensics from a run's own records (see the docstring).")
     sub = parser.add_subparsers(dest="command", parser_class=core.Parser)
     mode = dict(choices=("min", "max"), default=None)
+    log_rx = dict(action="append", type=log_regex_arg, default=None, metavar="RE",
+                  help="a Python regex for job.log lines: (?P<step>...) and one named group per metric; repeatable")
     p = sub.add_parser("list", help="best / last / step of best per run")
     p.add_argument("runs", nargs="+")
     p.add_argument("--metric", default=None)
     p.add_argument("--mode", **mode)
+    p.add_argument("--log-regex", **log_rx)
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("diff", help="differing config and environment keys of two runs")
     p.add_argument("run_a")
@@ -933,6 +1098,7 @@ def build_parser():
     p.add_argument("run")
     p.add_argument("--metric", required=True)
     p.add_argument("--mode", **mode)
+    p.add_argument("--log-regex", **log_rx)
     p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10)
     p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0)
     p.add_argument("--flat-k", type=core.arg_number(int, 2, 10 ** 9), default=20)
@@ -941,6 +1107,7 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("steps", help="one metrics file, last value per step, as JSON lines")
     p.add_argument("file")
+    p.add_argument("--log-regex", **log_rx)
     return parser
 
 

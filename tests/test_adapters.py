@@ -134,6 +134,7 @@ def test_a_torn_checkpoint_is_put_back_from_its_verified_durable_copy(tmp_path, 
     assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 120)
     status = read(run_dir / "status.json")
     assert status["attempt"] == 2 and status["resume"]["restored_from"] == str(durable)
+    assert status_json(run_dir)["resume"]["from"] == "out/ckpt.pt"   # run_status shows what it resumed from
     assert (box.work / "out" / "final.txt").read_text() == "steps_done 60 from %d\n" % saved
     (aside,) = (run_dir / "torn" / "out").iterdir()
     assert aside.read_bytes() == good[: len(good) // 3]

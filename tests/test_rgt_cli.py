@@ -250,3 +250,15 @@ def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, 
     ledger = json.loads(rgt(tmp_path, sshd_server, "--json", "ledger").stdout)
     assert [(r["run_id"], r["attempt"]) for r in ledger["runs"]] == [("res-1", 2)]
 
+
+
+def test_a_node_without_the_toolkit_gets_one_clear_line(tmp_path, sshd_server):  # noqa: F811
+    """Nothing pushed yet: the node's python3 finds no run_status.py, and the user is told so in one line."""
+    res = rgt(tmp_path, sshd_server, "status", "gpu-box", "r1", "--durable-dir", str(tmp_path / "durable"))
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert "rgt.py: error: run_status.py on gpu-box gave no JSON" in res.stderr
+
+
+def test_an_unknown_host_exits_255_with_a_hint(tmp_path, sshd_server):  # noqa: F811
+    res = rgt(tmp_path, sshd_server, "status", "no-such-alias.invalid", "r1", "--durable-dir", str(tmp_path / "d"))
+    assert res.returncode == 255 and "ssh could not reach the node" in res.stderr, res.stderr

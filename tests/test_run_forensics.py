@@ -274,3 +274,108 @@ def test_steps_prints_the_last_value_of_each_step(tmp_path):
     empty.write_text('{"note": "no numbers"}\n')
     res = forensics("steps", empty)
     assert res.returncode == 3 and "no numeric metric" in res.stderr
+
+
+# ---------------------------------------------------------------- a trainer that logs only to stdout (job.log)
+
+ITER_RX = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)"
+# the eval line's train loss is named loss too: it must stay a source of its own, never merge with the iter curve
+EVAL_RX = r"step (?P<step>\d+): train loss (?P<loss>[\d.]+), val loss (?P<val_loss>[\d.]+)"
+
+
+def iter_loss(step):
+    return round(4.0 / (1 + 0.1 * step), 4)
+
+
+def nanogpt_log(steps=40, nan_at=None):
+    """job.log as karpathy/nanoGPT without W&B prints it: an eval line every 10 iterations (its losses far
+    above the iter curve, so a merge would read as spikes), one line per iteration, and the supervisor's notes,
+    one of which looks like an iter line."""
+    lines = ["Overriding: max_iters = %d" % steps, "[rgt 12:00:01] job started; iter 99: loss 0.0001",
+             "tokens per iteration will be: 8,192"]
+    for step in range(steps):
+        if step % 10 == 0:
+            lines.append("step %d: train loss %.4f, val loss %.4f" % (step, 9.0 - 0.01 * step, 9.5 - 0.01 * step))
+            lines.append("saving checkpoint to out-tiny")
+        loss = "nan" if step == nan_at else "%.4f" % iter_loss(step)
+        lines.append("iter %d: loss %s, time 51.2ms, mfu %.2f%%" % (step, loss, -100.0 if step < 5 else 1.2))
+    lines.append("[rgt 12:03:10] job exited 0")
+    return "\n".join(lines) + "\n"
+
+
+def pulled_stdout_run(tmp_path, name="nano1", text=None):
+    run = tmp_path / name
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "job.log").write_text(text if text is not None else nanogpt_log())
+    (run / "run.json").write_text(json.dumps({"run_id": name, "cmd": ["python3", "-u", "train.py"]}))
+    return run
+
+
+def test_log_regex_reads_exactly_the_iter_points_of_a_stdout_only_trainer(tmp_path):
+    run = pulled_stdout_run(tmp_path)
+    res = forensics("curve", run, "--metric", "loss", "--log-regex", ITER_RX, "--log-regex", EVAL_RX, "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = strict_json(res.stdout)
+    assert doc["source"] == "logs/job.log#1" and doc["findings"] == []
+    assert doc["stats"]["points"] == 40 and doc["stats"]["first_step"] == 0 and doc["stats"]["last_step"] == 39
+    assert math.isclose(doc["stats"]["last"], iter_loss(39)) and doc["stats"]["best_step"] == 39
+    # the eval lines are their own source; the supervisor's look-alike line (step 99) was never read
+    steps = [json.loads(line) for line in forensics("steps", run / "logs" / "job.log", "--log-regex", ITER_RX)
+             .stdout.splitlines()]
+    assert [p["step"] for p in steps] == list(range(40)) and steps[10]["loss"] == iter_loss(10)
+    evals = strict_json(forensics("curve", run, "--metric", "logs/job.log#2:val_loss", "--log-regex", ITER_RX,
+                                  "--log-regex", EVAL_RX, "--json").stdout)
+    assert evals["stats"]["points"] == 4 and evals["stats"]["last_step"] == 30
+    listed = strict_json(forensics("list", run, "--log-regex", ITER_RX, "--log-regex", EVAL_RX, "--json").stdout)
+    (row,) = listed["runs"]
+    assert row["sources"][-2:] == ["logs/job.log#1", "logs/job.log#2"]
+    assert row["metrics"]["loss"]["points"] == 40 and row["metrics"]["val_loss"]["points"] == 4
+
+
+def test_without_log_regex_a_stdout_only_run_is_exit_3_for_list_and_curve_with_a_hint(tmp_path):
+    run = pulled_stdout_run(tmp_path)
+    for args in (("curve", run, "--metric", "loss"), ("list", run)):
+        res = forensics(*args)
+        assert res.returncode == 3, (args, res.stdout, res.stderr)
+        (line,) = res.stderr.strip().splitlines()
+        assert "--log-regex" in line and "logs/job.log" in line, line
+    assert "NO METRICS" in forensics("list", run).stdout
+    # a folder of runs: the run that logs to JSONL is listed, the stdout-only one is shown, the exit is 0
+    other = tmp_path / "jsonl-run"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0 / (1 + s)}) + "\n"
+                                                 for s in range(5)))
+    res = forensics("list", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "RUN jsonl-run" in res.stdout and "RUN nano1" in res.stdout and "NO METRICS" in res.stdout
+
+
+def test_log_regex_reads_the_run_dirs_and_the_pulled_copy_and_keeps_nan(tmp_path):
+    run = pulled_stdout_run(tmp_path, text=nanogpt_log(20))
+    (run / "job.log").write_text(nanogpt_log(30, nan_at=25))
+    loose = r"iter (?P<step>\d+): loss (?P<loss>[\w.+-]+),"
+    out = strict_json(forensics("list", run, "--metric", "loss", "--log-regex", loose, "--json").stdout)
+    (row,) = out["runs"]
+    assert [s for s in row["sources"] if "job.log" in s] == ["job.log#1", "logs/job.log#1"]
+    assert row["metrics"]["loss"]["source"] == "job.log#1" and row["metrics"]["loss"]["points"] == 30
+    res = forensics("curve", run, "--metric", "loss", "--log-regex", loose, "--json")
+    assert res.returncode == 1
+    (nan,) = [f for f in strict_json(res.stdout)["findings"] if f["kind"] == "nonfinite"]
+    assert nan["step"] == 25 and nan["count"] == 1
+    pulled = strict_json(forensics("curve", run, "--metric", "logs/job.log#1:loss", "--log-regex", loose,
+                                   "--json").stdout)
+    assert pulled["stats"]["points"] == 20 and pulled["findings"] == []
+
+
+def test_a_log_regex_without_a_step_group_or_that_does_not_compile_is_exit_2(tmp_path):
+    run = pulled_stdout_run(tmp_path)
+    for bad, said in ((r"iter (\d+): loss (?P<loss>[\d.]+)", "(?P<step>...)"),
+                      (r"iter (?P<step>\d+: loss (?P<loss>[\d.]+)", "does not compile"),
+                      (r"iter (?P<step>\d+):", "names no metric")):
+        for args in (("curve", run, "--metric", "loss"), ("list", run), ("steps", run / "logs" / "job.log")):
+            res = forensics(*args, "--log-regex", ITER_RX, "--log-regex", bad)
+            assert res.returncode == 2, (bad, args, res.stderr)
+            (line,) = res.stderr.strip().splitlines()
+            assert said in line and "--log-regex" in line, line
+    res = forensics("steps", run / "logs" / "job.log", "--log-regex", ITER_RX, "--log-regex", EVAL_RX)
+    assert res.returncode == 2 and "both name 'loss'" in res.stderr

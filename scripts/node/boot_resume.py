@@ -239,13 +239,26 @@ def resume_one(run_dir, args):
         os.close(lock)
 
 
+SUPERVISOR_EXIT_SECONDS = 60
+
+
+def live_parts(status):
+    return [name for name in ("supervisor", "job")
+            if core.record_alive(status.get(name + "_identity"), status.get(name + "_pid"))]
+
+
 def resume_checks(run_dir, status, run, args):
     """(exit code, result) when the resume stops here (refused, or a dry run), else (None, result)."""
     attempt = attempt_of(status)
     result = {"run_dir": run_dir, "attempt": None if attempt is None else attempt + 1, "ok": False,
               "action": "refused"}
-    live = [name for name in ("supervisor", "job")
-            if core.record_alive(status.get(name + "_identity"), status.get(name + "_pid"))]
+    live = live_parts(status)
+    if live == ["supervisor"] and status.get("state") not in core.ACTIVE_RUN_STATES:
+        # the attempt is over (final status written) and its supervisor is tidying up: give it a moment
+        deadline = time.monotonic() + SUPERVISOR_EXIT_SECONDS
+        while live and time.monotonic() < deadline:
+            time.sleep(0.2)
+            live = live_parts(status)
     dm = core.deadman_state(run_dir)
     if attempt is None:
         why = "status.json's attempt %r is not a number; repair it by hand first" % status.get("attempt")

@@ -50,7 +50,9 @@ declared; logs synced and verified"). The toolkit version (VERSION.json) is on e
 the JSON, so a report says which scripts produced it.
 
 The JSON also gives newest_output / newest_output_age_s: the newest file the run's output globs (given to run_one.sh)
-match in its cwd (for most jobs, the last checkpoint), so a watcher sees checkpoints go stale.
+match in its cwd (for most jobs, the last checkpoint), so a watcher sees checkpoints go stale;
+attempt and resume (the checkpoint this attempt resumed from, what was skipped, a durable copy put back);
+line, the text-mode line.
 
 ETA: from the heartbeat's sec_per_step when the job writes it (examples/train_resumable.py does),
 else the average since started_at (too low when the job resumed from a checkpoint), or, with
@@ -362,6 +364,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
          "job_pid": job_pid, "job_alive": alive, "supervisor_alive": sup_alive, "exit_code": exit_code,
          "host": host, "step": step, "total_steps": total, "epoch": hb.get("epoch"), "loss": hb.get("loss"),
          "progress_source": progress_source, "attempt": status.get("attempt"),
+         "resume": status.get("resume") if isinstance(status.get("resume"), dict) else None,
          "percent": round(100.0 * step / total, 1) if (step is not None and total) else None,
          "heartbeat_age_s": round(now - (hb_time if hb_time is not None else hb_mtime), 1)
          if (hb_time is not None or hb_mtime is not None) else None,
