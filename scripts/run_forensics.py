@@ -1041,6 +1041,11 @@ def cmd_steps(args):
     series = records_to_series(records)
     if not series:
         raise Missing("%s holds no numeric metric" % path)
+    return print_steps(series)
+
+
+def print_steps(series):
+    """One JSON line per (step, name) point, each name's points together (what repro.sh compares)."""
     for name in sorted(series):
         for step, value in series[name]:
             sys.stdout.write(json.dumps(jsonable({"step": step, name: value}), ensure_ascii=False,
@@ -1069,12 +1074,7 @@ def steps_from_log(path, regexes):
         series.update(one)
     if not series:
         raise Missing("no line of %s matches %s" % (path, " or ".join(show(rx.pattern, 80) for rx in regexes)))
-    for name in sorted(series):
-        for step, value in series[name]:
-            sys.stdout.write(json.dumps(jsonable({"step": step, name: value}), ensure_ascii=False,
-                                        allow_nan=False) + "\n")
-    sys.stdout.flush()
-    return 0
+    return print_steps(series)
 
 
 def build_parser():
