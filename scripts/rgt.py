@@ -19,6 +19,7 @@ Usage:
   rgt.py [global options] resume HOST RID [--max-attempts N] [--give-up-hours H] [--dry-run]
   rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar]
   rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect]
+  rgt.py [global options] sweep  HOST [--check-only]
   rgt.py [global options] ledger [--all]
 
 Global options (before the command):
@@ -48,6 +49,10 @@ resume: after a preemption or a failed attempt, relaunch the run's recorded laun
 attempt N+1 (boot_resume.py --run on the node): its resume adapters pick the newest good checkpoint, the
 last attempt's dead-man hands over to the new one. Refused (exit 3) while an attempt is still live, for a
 succeeded run, or past the attempt cap (--max-attempts overrides the launch's) or --give-up-hours.
+
+sweep: before a box that ran several runs is released, final_sweep.py on it over the runs dirs the ledger
+knows for HOST (or --durable-dir's): every run verified on durable storage, stale ones synced again, what
+cannot be saved listed; its exit codes pass through (0 every run saved, 1 not, 3 --check-only found work).
 
 gate: the teardown gate with our checkpoint inspector on every pulled checkpoint (--no-inspect skips
 that part; the byte-for-byte match with the node is never skipped).
@@ -617,6 +622,30 @@ def cmd_gate(args, ssh):
     res = subprocess.run(argv)
     ledger_append(ledger_path(args.ledger), event="gate", host=args.host, run_id=rid,
                   verdict="PASS" if res.returncode == 0 else "REFUSED", attempt=ledger_attempt(args, rid))
+    if res.returncode == 0 and not args.json:
+        print("sweep:      %s   (other runs on this box)" % again(args, "sweep", args.host))
+    return res.returncode
+
+
+def cmd_sweep(args, ssh):
+    """final_sweep.py on the node over every runs dir this box's runs use (the ledger's), or --durable-dir's."""
+    if args.durable_dir:
+        roots = [args.durable_dir.rstrip("/") + "/runs"]
+    else:
+        runs, _ = ledger_runs(ledger_events(ledger_path(args.ledger)))
+        roots = sorted({r["run_dir"].rsplit("/", 1)[0] for (h, _), r in runs.items()
+                        if h == args.host and r.get("run_dir")})
+    if not roots:
+        raise core.UsageError("no run of %s in the ledger %s: pass --durable-dir" % (args.host, ledger_path(args.ledger)))
+    argv = ["python3", node_tool(args, "final_sweep.py")]
+    for root in roots:
+        argv += ["--runs-dir", root]
+    argv += (["--check-only"] if args.check_only else []) + (["--json"] if args.json else [])
+    res = checked(ssh.run(remote_command(argv), timeout=7 * 3600), "sweep")
+    sys.stdout.write(text(res.stdout))
+    sys.stderr.write(text(res.stderr))
+    ledger_append(ledger_path(args.ledger), event="sweep", host=args.host, runs_dirs=roots,
+                  state="all saved" if res.returncode == 0 else "sweep exit %d" % res.returncode)
     return res.returncode
 
 
@@ -725,6 +754,8 @@ def build_parser():
     p.add_argument("--dest", default="pulled")
     p.add_argument("--profile")
     p.add_argument("--no-inspect", action="store_true")
+    p = host_cmd("sweep", "before release: every run of the box on durable storage, verified (final_sweep.py)")
+    p.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
     p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared])
     p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
     return parser
@@ -740,7 +771,7 @@ def main(argv=None):
     args.rest = rest
     if not args.command:
         raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, resume, pull, gate, "
-                              "ledger")
+                              "sweep, ledger")
     if rest and args.command not in ("probe", "launch"):
         raise core.UsageError("'--' is only for probe and launch")
     if args.command == "ledger":

@@ -209,6 +209,7 @@ CASES = [
     ("scripts/rgt.py", [], nothing, 2, "give a command"),
     ("scripts/rgt.py", ["launch", "gpu-box"], nothing, 2, "required: --profile, --run-id"),
     ("scripts/rgt.py", ["logs", "gpu-box", "r1", "--lines", "x"], nothing, 2, "--lines"),
+    ("scripts/rgt.py", ["--ledger", "{tmp}/empty.jsonl", "sweep", "gpu-box"], nothing, 2, "no run of gpu-box"),
     # idle_watch.py
     ("scripts/node/idle_watch.py", [], nothing, 2, "give a command"),
     ("scripts/node/idle_watch.py", ["arm", "--watch-dir", "{tmp}/w", "--stop-cmd", "'unbalanced"], nothing, 2,

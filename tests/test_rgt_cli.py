@@ -125,6 +125,9 @@ def chain(tmp_path, server, bare, bare_node=False):
     res = rgt(tmp_path, sshd_server, "gate", "gpu-box", "cli-1", "--dest", str(pulled))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "final_sweep.py --runs-dir %s/runs" % durable in res.stdout  # the box's own runs dir, not a placeholder
+    swept = rgt(tmp_path, sshd_server, "--json", "sweep", "gpu-box")   # the runs dir comes from the ledger
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    assert [(r["run_id"], r["verdict"]) for r in json.loads(swept.stdout)["runs"]] == [("cli-1", "OK")]
 
     ledger = rgt(tmp_path, sshd_server, "--json", "ledger")
     assert json.loads(ledger.stdout)["runs"] == []  # through the gate: no longer listed
@@ -132,6 +135,7 @@ def chain(tmp_path, server, bare, bare_node=False):
     events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     assert [(e["event"], e["attempt"]) for e in events if e.get("run_id")] == \
         [("launch", 1), ("status", 1), ("pull", 1), ("gate", 1)]
+    assert [e["state"] for e in events if e["event"] == "sweep"] == ["all saved"]
 
 
 def test_a_relaunched_attempt_after_a_gate_pass_is_listed_again(tmp_path):
