@@ -17,6 +17,7 @@ import time
 import pytest
 
 from conftest import NODE, SCRIPTS, need
+from test_repro import committed_project, git
 from test_run_one import box, read  # noqa: F401  (box: the fixture that disarms and kills what it launched)
 
 sys.path.insert(0, str(NODE))
@@ -51,13 +52,6 @@ def run(argv, timeout=300, **kw):
     res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
     assert "Traceback" not in res.stderr, res.stderr
     return res
-
-
-def git(cwd, *args):
-    res = subprocess.run(["git", "-C", str(cwd), "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return res.stdout.strip()
 
 
 def dead(pid):
@@ -215,13 +209,7 @@ if a.out:
 
 def recorded_run(tmp_path, cmd_tail, metrics_lines=None):
     """A git project with job.py, and a run dir recorded by the real run_env.py, as a launch leaves it."""
-    need("git")
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    git(proj, "init", "-q")
-    (proj / "job.py").write_text(JOB)
-    git(proj, "add", "job.py")
-    git(proj, "commit", "-qm", "job")
+    proj = committed_project(tmp_path, JOB)
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
     cmd = [PY, "job.py", "--metrics", str(run_dir / "metrics.jsonl")] + cmd_tail

@@ -187,15 +187,21 @@ if out:
 '''
 
 
-def hand_recorded(tmp_path, tail=()):
-    """A committed job.py, run once by hand, and its run dir with run.json and the real run_env.py's env.json."""
+def committed_project(tmp_path, source):
+    """A git repo in TMP_PATH/proj whose one commit holds job.py = SOURCE."""
     need("git")
     proj = tmp_path / "proj"
     proj.mkdir()
     git(proj, "init", "-q")
-    (proj / "job.py").write_text(JOB)
+    (proj / "job.py").write_text(source)
     git(proj, "add", "job.py")
     git(proj, "commit", "-qm", "job")
+    return proj
+
+
+def hand_recorded(tmp_path, tail=()):
+    """A committed job.py, run once by hand, and its run dir with run.json and the real run_env.py's env.json."""
+    proj = committed_project(tmp_path, JOB)
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
     cmd = [sys.executable, "job.py", str(run_dir / "metrics.jsonl"), *tail]
