@@ -67,3 +67,10 @@ def path_without(folder: Path, *hidden: str) -> str:
             if os.path.isfile(target) and os.access(target, os.X_OK):
                 link.symlink_to(target)
     return str(folder)
+
+
+@pytest.fixture(autouse=True)
+def own_run_registry(tmp_path_factory, monkeypatch):
+    """Each test gets its own box registry (runrec.registry_dir): runs started by tests that run at the
+    same time (xdist) must not look like neighbours on one box and hold each other's stops off."""
+    monkeypatch.setenv("RGT_REGISTRY", str(tmp_path_factory.mktemp("registry")))

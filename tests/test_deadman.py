@@ -954,14 +954,19 @@ def test_a_finished_run_waits_while_another_run_on_the_node_trains(tmp_path, pro
     trainer = start_job(procs, "import time; time.sleep(600)")
     (live_run / "status.json").write_text(json.dumps({"state": "running", "job_pid": trainer.pid,
                                                       "job_identity": core.process_identity(trainer.pid)}))
+    (live_run / "heartbeat.json").write_text("{}")   # progressing, and watched by its own dead-man below
+    other_stop, _ = stand_in(tmp_path, "other")
+    res = arm_bg(procs, live_run, "--grace-minutes", "60", "--stall-minutes", "60", "--stop-cmd", other_stop)
+    assert res.returncode == 0, res.stderr
     stop, calls = stand_in(tmp_path)
     res = arm_bg(procs, done_run, "--grace-minutes", "0.01", "--stop-cmd", stop)
     assert res.returncode == 0, res.stderr
     log = done_run / "deadman.log"
-    assert wait_for(lambda: log.exists() and "another run on this node is active (b)" in log.read_text(), 60)
+    assert wait_for(lambda: log.exists() and "another run on this box is active and watched (b)" in log.read_text(), 60)
     time.sleep(2)  # several polls past the 0.6 s grace: with the other run active, nothing may fire
     assert calls_of(calls) == [] and not (done_run / "DEADMAN_FIRED.json").exists()
     trainer.kill()
     trainer.wait()
-    assert wait_for(lambda: (done_run / "DEADMAN_FIRED.json").exists(), 60)
+    # wait for the stop itself, not only its record (the record is written before the stop runs)
+    assert wait_for(lambda: len(calls_of(calls)) == 1, 60)
     assert read(done_run, "DEADMAN_FIRED.json")["reason"] == "job_ended" and len(calls_of(calls)) == 1

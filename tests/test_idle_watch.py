@@ -66,9 +66,12 @@ def test_an_idle_box_stops_its_meter(tmp_path, gpu):
     _, env = gpu
     watch, marker = tmp_path / "watch", tmp_path / "METER_STOPPED"
     arm(watch, marker_cmd(marker), env)
-    fired = wait_for(lambda: (watch / "IDLE_FIRED.json").exists() and json.loads((watch / "IDLE_FIRED.json").read_text()),
-                     "the idle watcher to fire")
+    # the record is written before the stop runs: wait for the finished record, not its first version
+    fired = wait_for(lambda: state(watch).get("state") == "FIRED" and (watch / "IDLE_FIRED.json").exists()
+                     and json.loads((watch / "IDLE_FIRED.json").read_text()).get("ok") and
+                     json.loads((watch / "IDLE_FIRED.json").read_text()), "the idle watcher to fire and stop")
     assert marker.read_text() == "stopped" and fired["reason"] == "idle_box" and fired["rc"] == 0
+    assert fired["confirmed"] is None    # a custom stop cannot be confirmed, and says so
     assert wait_for(lambda: state(watch).get("state") == "FIRED", "the FIRED state")
 
 
@@ -86,6 +89,7 @@ def test_a_busy_gpu_or_an_active_run_keeps_it_from_firing(tmp_path, gpu):
     me.update(json.loads(subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import rgt_core, json;"
                                          " print(json.dumps(rgt_core.process_identity(%d)))" % (str(NODE), os.getpid())],
                                         capture_output=True, text=True).stdout))
+    (runs / "r1" / "job.log").write_text("step 1\n")   # it shows progress: a hung, unwatched run would not count
     (runs / "r1" / "status.json").write_text(json.dumps({"state": "running", "supervisor_identity": me}))
     reading.write_text("0\n0\n")
     ticks = state(watch)["ticks"]

@@ -127,20 +127,10 @@ def replay_argv(run):
 
 
 def rearm_args(run_dir):
-    """The killed dead-man's own settings (deadman.json), so the new one keeps its stop and clocks."""
+    """The killed dead-man's own settings (deadman.json): every option, the stop included (deadman.cfg_to_argv)."""
+    import deadman
     cfg = core.read_json(os.path.join(run_dir, "deadman.json")).get("config") or {}
-    out = []
-    for key, flag in (("grace_minutes", "--grace-minutes"), ("stall_minutes", "--stall-minutes"),
-                      ("poll_seconds", "--poll-seconds")):
-        if isinstance(cfg.get(key), (int, float)) and not isinstance(cfg.get(key), bool):
-            out += [flag, str(cfg[key])]
-    if cfg.get("stop_cmd_source") == "--stop-cmd" and cfg.get("stop_cmd"):
-        out += ["--stop-cmd", cfg["stop_cmd"]] + (["--stop-cmd-destructive"] if cfg.get("destructive") else [])
-    if cfg.get("fallback_stop_cmd"):
-        out += ["--fallback-stop-cmd", cfg["fallback_stop_cmd"]]
-    out += ["--dry-run"] if cfg.get("dry_run") else []
-    out += ["--allow-destructive"] if cfg.get("allow_destructive") else []
-    return out
+    return deadman.cfg_to_argv(cfg) if isinstance(cfg, dict) else []
 
 
 def mark_failed(run_dir, status, why):

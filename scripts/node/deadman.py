@@ -1,78 +1,52 @@
 #!/usr/bin/env python3
 """On-node dead-man switch: stop the meter when nobody is looking after the run.
 
+Guarantee: once armed, the box's meter is stopped (and the stop confirmed or escalated) when the
+run is over, stalled or past its cap, and no error, full disk or read-only disk ends the watch first;
+a destructive stop runs only over a durable copy that re-verifies at fire time.
+
 Runs ON THE GPU NODE, detached from any SSH session, and watches one run directory
 (the layout scripts/node/run_one.sh creates). It fires when
 
-  job_ended  the job is over (status.json says succeeded/failed/sync_failed, or the job
+  job_ended  the job is over (status.json says succeeded/failed/sync_failed/interrupted, or the job
              and its supervisor are gone) and nobody acknowledged it within --grace-minutes;
              with --wait-ssh the clock also waits for SSH sessions to close (bounded, see below);
   no_job     nothing was ever started (no job, no launcher, no supervisor) for --grace-minutes;
   stall      the job process is alive but neither heartbeat.json nor job.log changed for
              --stall-minutes (a hung NCCL collective or a deadlocked loader bills forever);
+             while another watched run on the box still progresses, only THIS run's job is
+             stopped (its stop signal, then its sync) and the box is left on for the other run;
   max_hours  --max-hours passed since arming, whatever the job is doing.
+A torn or unreadable status.json is never read as "no job": the dead-man holds, and the stall
+rule and the cap still apply. Other runs on the box (the box registry, runrec.py) hold the stop
+off only while they are watched by their own dead-man and progressing: a hung, unwatched neighbour
+cannot keep the box billing.
 
-Every deadline runs on the monotonic clock (time.monotonic), so a wall-clock step (NTP, a
-manual date) neither delays nor hastens a firing. A wall time from a file (status.json's
-ended_at, an ACK's until) is converted once, when it is first seen. A system suspend
-(CLOCK_BOOTTIME moves, the monotonic clock does not) restarts the stall and grace clocks, because
-the job was frozen too; suspended time does not count toward --max-hours.
+Every deadline runs on the monotonic clock, so a wall-clock step neither delays nor hastens a
+firing. A system suspend restarts the stall and grace clocks; suspended time does not count toward
+--max-hours. Every poll is guarded: an error is logged and the watch goes on (errors for longer than
+the stall limit fire "watch_error", so a broken watcher cannot fail open). A reserve file made at
+arm time is given up when the disk is full, and records are best effort: the stop runs anyway.
 
-Firing, in this order: DEADMAN_FIRED.json is written first (so the reason survives even if
-the stop kills the box mid-write); a still-running job gets SIGTERM on its process group and
-up to --term-grace-seconds to checkpoint (and the supervisor up to --sync-wait-seconds to
-finish its durable sync); --pre-stop-cmd runs with --pre-stop-timeout; then the stop command
-runs with --retries attempts and exponential backoff (--retry-backoff), each attempt recorded;
-if every attempt fails (the platform API is down, the CLI is broken) --fallback-stop-cmd runs
-the same way. Every external command runs with a hard --stop-timeout / --pre-stop-timeout that
-holds even when it leaves a detached child holding its output (rgt_core.run_bounded).
-Why signal the job at all: the stop command ends it anyway, only without warning. A SIGTERM
-first is the same courtesy a spot reclaim gives, so a resumable job saves its step; the signal,
-the wait and whether the job exited are recorded under "job_term". It never sends SIGKILL, and it
-signals only the process status.json recorded (pid and start time), never a reused pid.
+Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
+signal (run.json stop_signal, default SIGTERM) on its process group and up to --term-grace-seconds
+to checkpoint, and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
+stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a
+confirmation (the provider's state where an adapter exists; for a stop meant to end the machine,
+this box still up --confirm-seconds later means NOT CONFIRMED, retried, then the fallback), and an
+escalation (a record and a notification) when the stop is not confirmed or fails. The stop command
+is checked when armed (its program found, $VAR resolvable from the environment or PID 1's); a
+script without a "#!" line runs through /bin/sh. The record's "confirmed" is true, false or null
+(a custom stop that cannot be confirmed); run_status prints STOP NOT CONFIRMED while it is false.
 
-The stop command is an argv string (shlex-split, never a shell; $VAR / ${VAR} are expanded
-at fire time from the environment, then from PID 1's environment where containers keep the
-platform's ids, so keep tokens in env vars, not in argv; an unset variable never runs). It comes from
---stop-cmd, else from the profile's METER_STOP_CMD (--profile NAME, else the profile named in
-run.json) read from the profile index (rgt_core.profile_index_path: $RGT_PROFILE_INDEX, index.json
-beside this folder, or the repo's profiles/index.json).
+Destructive stops (METER_STOP_DESTRUCTIVE true, --stop-cmd-destructive, or inferred from any word
+of the command at any depth of wrapping: destructive.py) run only with --allow-destructive AND a
+durable copy that re-verifies at fire time (stop_engine.verify_durable); otherwise the
+non-destructive fallback runs, if given.
 
-Destructive stops. A DESTRUCTIVE command (METER_STOP_DESTRUCTIVE true, --stop-cmd-destructive,
-or inferred, see below) runs only with --allow-destructive AND a durable copy that verifies NOW:
-status.json's "sync" says ok and verified, and its manifest (sync.manifest, the one evidence
-format: evidence.read_manifest) matches every file in sync.results_dir, re-hashed
-(evidence.verify_tree), with at least one result besides the run's logs. Otherwise it is refused
-and --fallback-stop-cmd (non-destructive) runs instead, if given.
-Inference fails closed: a command is destructive when any word in it, at any depth, names a
-destroying action (terminate, destroy, delete, remove, release, deactivate, purge, erase, wipe,
-shred, rm, dd, mkfs, down as in `sky down`, curl -X DELETE / -XDELETE, camelCase and snake_case
-forms such as terminateInstance or delete_pod), names a block device (/dev/sda, /dev/nvme0n1),
-or cannot be inspected: wrappers are looked through (env, sudo, nice, timeout, setsid, ...; and
-a shell or interpreter anywhere in the argv), `sh/bash -c SCRIPT` is parsed command by command,
-and an opaque script (command substitution, eval, here-documents, ANSI-C quoting, a program
-taken from a $VARIABLE, inline code of perl/ruby/node/..., python -c code that imports or runs
-dynamic code, curl -K config files) counts as destructive. The expanded command is checked again
-at fire time. This catches wrapping, not malice: a script file you name is trusted by its name,
-so keep a destructive stop explicit (--stop-cmd-destructive) and let the gate do its job.
-
-Compared with SkyPilot autostop (idle = no job and, by default, no SSH session; default 5
-idle minutes; a pre-stop hook with a timeout; stop or tear down; cancellable): the same idle
-rule is `--grace-minutes 5 --wait-ssh`; in addition this catches a job that is alive but hung,
-caps wall-clock time, and never tears down data that has no verified durable copy.
-
-SSH sessions (--wait-ssh) are found by scanning /proc for OpenSSH per-session processes, whose
-title is "sshd: USER@pts/N", "sshd: USER@notty" or (OpenSSH 9.8+) "sshd-session: USER@...".
-utmp (`who`) is not used: containers often have no utmp records or keep stale ones, and
-non-interactive sessions (ssh gpu-box CMD, rsync pulls) never appear there. The wait is bounded:
-  --ssh-wait-max-minutes M (default 60, on by default): SSH sessions delay the firing by at most
-      M minutes after the job is over; after that they no longer count. An idle ControlMaster
-      (ControlPersist), a forgotten VS Code window or a half-open session from a sleeping laptop
-      therefore cannot hold the meter running for ever.
-  --ssh-idle-minutes M (default 30; 0 = off): a session whose traffic counters
-      (/proc/PID/io, readable as root, the usual case on rented boxes) and terminal times have
-      not moved for M minutes no longer counts. Where neither can be read (not root, no tty) the
-      session counts until the cap.
+SSH sessions (--wait-ssh; sessions.py): interactive, command and tunnel (`ssh -N`) sessions hold
+the firing off after the job is over, at most --ssh-wait-max-minutes (60), and a session with no
+traffic for --ssh-idle-minutes (30) stops counting.
 
 Usage:
   deadman.py arm --run-dir DIR [--stall-minutes 30] [--grace-minutes 15] [--max-hours H]
@@ -80,55 +54,58 @@ Usage:
                  [--profile NAME | --stop-cmd "ARGV" [--stop-cmd-destructive]]
                  [--allow-destructive] [--fallback-stop-cmd "ARGV"] [--pre-stop-cmd "ARGV"]
                  [--pre-stop-timeout 300] [--retries 3] [--retry-backoff 10] [--stop-timeout 120]
-                 [--term-grace-seconds 30] [--sync-wait-seconds 300] [--job-pid PID]
-                 [--poll-seconds 30] [--dry-run] [--foreground] [--json]
+                 [--confirm-seconds S] [--term-grace-seconds 30] [--sync-wait-seconds 300]
+                 [--job-pid PID] [--poll-seconds 30] [--registry DIR] [--dry-run] [--foreground] [--json]
   deadman.py ack --run-dir DIR [--postpone-minutes M | --disarm] [--json]
   deadman.py status --run-dir DIR [--json]
 
 Exit codes:
   arm     0 armed (prints the dead-man pid), 2 usage, 3 refused (a live dead-man already
-          watches this run dir); with --foreground: 0 after firing with the stop command (or its
-          fallback) succeeding (or a dry run that found a command, or disarmed), 1 when it fired
-          but every stop failed after all retries, was refused, or no stop command exists.
+          watches this run dir, or the stop command cannot run here); with --foreground: 0 after
+          firing with the stop succeeding and not disproved (or a dry run that found a command,
+          or disarmed), 1 when it fired but every stop failed, was not confirmed, was refused, or
+          no stop command exists.
   ack     0 written, 2 usage.
   status  0 armed and alive, 1 nothing is watching (NONE, DOWN, EXITED, DISARMED),
           7 fired, 2 usage.
 
 Minutes and hours accept floats (tests use --grace-minutes 0.01 --poll-seconds 0.05).
-Python 3.8+ standard library only; runs from the node folder beside rgt_core.py and evidence.py.
+Python 3.8+ standard library only; runs from the node folder beside rgt_core.py.
 """
 import argparse
-import ast
 import errno
 import json
 import os
-import re
-import shlex
 import signal
 import socket
 import sys
 import time
 import traceback
 
-import evidence
 import rgt_core as core
+import runrec
+import sessions
+import stop_engine
+from destructive import destructive_word  # noqa: F401  (re-exported: tests and callers use deadman.*)
+from sessions import ssh_sessions  # noqa: F401
+from stop_engine import expand_argv, init_environ, split_cmd, verify_durable  # noqa: F401
 
 try:  # POSIX only; without flock the identity in deadman.json is the only guard
     import fcntl
 except ImportError:  # pragma: no cover
     fcntl = None
 
-TERMINAL = ("succeeded", "failed", "sync_failed")
+TERMINAL = runrec.TERMINAL
 ACTIVE = ("starting", "running", "syncing")
-NO_STOP_MSG = "no on-node stop command; the meter is still running"
-REFUSED_MSG = "refused: destructive stop without verified durable sync"
+NO_STOP_MSG = stop_engine.NO_STOP_MSG
+REFUSED_MSG = stop_engine.REFUSED_MSG
 STATE_FILE = core.DEADMAN_FILE
 FIRED_FILE = core.DEADMAN_FIRED_FILE
 LOCK_FILE = "deadman.lock"
-UNRESOLVED_VAR = re.compile(r"\$(\{\w+\}|\w+)")
-SSH_SESSION = re.compile(r"^sshd(?:-session)?: (\S+)@(\S+)")
+WATCH_RESERVE = ".rgt-watch-reserve"
 SUSPEND_THRESHOLD = 60.0
-
+# What this process runs: a push that replaces the folder later does not change it (status flags it).
+LOADED_VERSION = core.toolkit_version()
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -175,492 +152,59 @@ def mtime(path):
         return None
 
 
-def split_cmd(text, what):
-    """shlex-split an argv string; UsageError when empty or unbalanced."""
-    try:
-        argv = shlex.split(text)
-    except ValueError as exc:
-        raise core.UsageError("%s cannot be split into arguments: %s" % (what, exc))
-    if not argv:
-        raise core.UsageError("%s is empty" % what)
-    return argv
+
+def stop_signal_of(run_dir):
+    """The run's own stop signal (run.json stop_signal: TERM, INT, ...), default SIGTERM."""
+    name = core.read_json(os.path.join(run_dir, runrec.RUN)).get("stop_signal") or "TERM"
+    sig = getattr(signal, "SIG" + str(name).upper().replace("SIG", "", 1), None)
+    return sig if isinstance(sig, signal.Signals) else signal.SIGTERM
 
 
-def init_environ():
-    """PID 1's environment: in a container it holds what the platform injected (pod or instance ids),
-    which an SSH login shell - and so everything started from it - often does not see."""
-    try:
-        with open("/proc/1/environ", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}
+# ----------------------------------------------------------------------------- the guarded watcher
 
+class Watcher(object):
+    """What every watcher shares: best-effort records, a reserve for a full disk, a guarded poll loop,
+    and firing through the one stop engine. Subclasses give evaluate(now) and may add before_stop()."""
 
-def expand_argv(text):
-    """argv with $VAR/${VAR} expanded from the environment, then from PID 1's; (argv, [unresolved names])."""
-    tokens = shlex.split(text)
-    names = {m.group(1).strip("{}") for tok in tokens for m in UNRESOLVED_VAR.finditer(tok)}
-    env = dict(os.environ)
-    if names - set(env):
-        extra = init_environ()
-        env.update({k: extra[k] for k in names - set(env) if k in extra})
+    NAME = "watcher"
+    STATE_FILE = STATE_FILE
+    FIRED_FILE = FIRED_FILE
+    LOG_FILE = "deadman.log"
 
-    def sub(match):
-        name = match.group(1).strip("{}")
-        return env.get(name, match.group(0))
-    argv = [UNRESOLVED_VAR.sub(sub, tok) for tok in tokens]
-    missing = sorted(n for n in names if n not in env)
-    return argv, missing
-
-
-# ----------------------------------------------------------------------------- SSH sessions
-
-def _io_counters(pid):
-    """rchar+wchar of PID from /proc/PID/io, or None (sshd makes its session processes
-    non-dumpable, so only root can read them)."""
-    try:
-        with open("/proc/%s/io" % pid) as fh:
-            fields = dict(line.split(":", 1) for line in fh if ":" in line)
-        return int(fields["rchar"]) + int(fields["wchar"])
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def _tty_times(tty):
-    if not tty.startswith("pts/"):
-        return None
-    try:
-        st = os.stat("/dev/" + tty)
-    except OSError:
-        return None
-    return (st.st_atime, st.st_mtime)
-
-
-def ssh_sessions():
-    """Authenticated OpenSSH sessions on this host, or None without /proc.
-
-    Each: {"key": pid + start time, "label": "user@tty", "activity": what changes when data
-    flows (traffic counters, terminal times), or None where nothing can be read}."""
-    if not os.path.isdir("/proc/self"):
-        return None
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % name, "rb") as fh:
-                raw = fh.read(256)
-        except OSError:
-            continue
-        title = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
-        match = SSH_SESSION.match(title)
-        if not match:
-            continue
-        io, tty = _io_counters(name), _tty_times(match.group(2))
-        ident = core.process_identity(int(name))
-        found.append({"key": "%s:%s" % (name, ident.get("start_ticks")),
-                      "label": "%s@%s" % (match.group(1), match.group(2)),
-                      "activity": None if io is None and tty is None else (io, tty)})
-    return sorted(found, key=lambda s: s["label"])
-
-
-# ----------------------------------------------------------------------------- destructive inference
-
-DESTRUCTIVE_EXACT = {"rm", "rmdir", "rmi", "dd", "mkfs", "wipefs", "down", "del", "unlink", "truncate",
-                     "nuke", "teardown", "blkdiscard", "fdisk", "sfdisk", "sgdisk", "parted", "release"}
-DESTRUCTIVE_STEMS = ("terminat", "destroy", "delet", "remov", "deactivat", "purg", "eras", "shred", "wipe",
-                     "obliterat", "decommission", "releas", "mkfs")
-WORD_PIECE = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-GLUED_OPTION = re.compile(r"^-[A-Za-z]([A-Za-z].*)$")          # curl -XDELETE, -Rdelete ...
-BLOCK_DEVICE = re.compile(r"/dev/(?:sd|hd|vd|xvd|nvme|mmcblk|md|dm-|mapper/|disk/|loop|nbd|rbd|zd)")
-SAFE_DEVICES = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/fd/")
-ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "yash", "posh", "rbash", "fish", "csh", "tcsh"}
-SHELL_KEYWORDS = {"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "for", "case", "esac",
-                  "{", "}", "!", "function", "select", "time", "coproc"}
-OPAQUE_SCRIPT = ("`", "$(", "$'", '$"', "<<", "<(", ">(")
-PYTHON = re.compile(r"^(?:python|pypy)[0-9.]*$")
-# interpreter -> the options that take inline code (awk: its first operand is the program)
-INLINE_CODE = {"perl": ("-e", "-E"), "ruby": ("-e",), "node": ("-e", "--eval", "-p", "--print"),
-               "nodejs": ("-e", "--eval", "-p", "--print"), "deno": ("eval",), "bun": ("-e", "--eval"),
-               "php": ("-r",), "lua": ("-e",), "luajit": ("-e",), "Rscript": ("-e",), "julia": ("-e", "--eval"),
-               "osascript": ("-e",), "pwsh": ("-c", "-Command", "-EncodedCommand", "-e", "-ec"),
-               "powershell": ("-c", "-Command", "-EncodedCommand", "-e", "-ec"), "tclsh": (), "awk": (),
-               "gawk": (), "mawk": (), "nawk": ()}
-PY_DYNAMIC = {"exec", "eval", "compile", "__import__", "getattr", "setattr", "globals", "locals", "vars",
-              "__builtins__", "breakpoint"}
-# wrapper -> (its options that take a value, operands it takes before the command)
-WRAPPERS = {
-    "env": ({"-u", "--unset", "-C", "--chdir"}, 0), "sudo": ({"-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t",
-                                                            "-U", "-T", "--user", "--group", "--host",
-                                                            "--prompt", "--chdir"}, 0),
-    "doas": ({"-u", "-C"}, 0), "nohup": (set(), 0), "setsid": (set(), 0), "time": (set(), 0),
-    "command": (set(), 0), "builtin": (set(), 0), "exec": ({"-a"}, 0), "unbuffer": (set(), 0),
-    "busybox": (set(), 0), "nice": ({"-n", "--adjustment"}, 0),
-    "ionice": ({"-c", "-n", "-p", "-P", "-u", "--class", "--classdata"}, 0),
-    "timeout": ({"-s", "-k", "--signal", "--kill-after"}, 1), "stdbuf": ({"-i", "-o", "-e"}, 0),
-    "chrt": (set(), 1), "taskset": (set(), 1), "flock": ({"-w", "--timeout", "-E"}, 1),
-    "chroot": ({"--userspec", "--groups"}, 1), "xargs": ({"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s"}, 0),
-    "systemd-run": ({"-u", "--unit", "-p", "--property", "-E", "--setenv", "--uid", "--gid"}, 0),
-    "runuser": ({"-u", "-g", "-G", "--user", "--group"}, 0), "su": ({"-g", "-G", "-s", "--shell"}, 0),
-    "watch": ({"-n", "--interval"}, 0),
-}
-MAX_DEPTH = 8
-
-
-def _short(text, width=60):
-    return text if len(text) <= width else text[:width - 3] + "..."
-
-
-def word_reason(text):
-    """The destroying word in TEXT (split on punctuation, camelCase and snake_case), or None."""
-    candidates = []
-    glued = GLUED_OPTION.match(text)
-    if glued:
-        candidates.append(glued.group(1))
-    for piece in re.split(r"[^A-Za-z0-9]+", text) + candidates:
-        words = [w.lower() for w in WORD_PIECE.findall(piece)] + [piece.lower()]
-        for word in words:
-            if word in DESTRUCTIVE_EXACT or (len(word) >= 4 and word.startswith(DESTRUCTIVE_STEMS)):
-                return word
-    return None
-
-
-def _token_reason(token):
-    if "$(" in token or "`" in token:
-        return "command substitution in %r cannot be inspected" % _short(token)
-    if BLOCK_DEVICE.search(token):
-        return "names a block device (%s)" % _short(token)
-    return None
-
-
-def _python_code_reason(code):
-    """Why inline Python code cannot be trusted as harmless, or None."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
-        return "python -c code does not parse: cannot be inspected"
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            return "python -c code imports modules (it can run anything): cannot be inspected"
-        if isinstance(node, ast.Name) and node.id in PY_DYNAMIC:
-            return "python -c code uses %s (dynamic code): cannot be inspected" % node.id
-        if isinstance(node, ast.Attribute) and node.attr.startswith("__"):
-            return "python -c code reaches %s: cannot be inspected" % node.attr
-    return None
-
-
-def _skip_options(args, takes_value):
-    """Index of the first operand in ARGS after options (and the values TAKES_VALUE options carry)."""
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if tok == "--":
-            return i + 1
-        if not tok.startswith("-") or tok == "-":
-            return i
-        if tok in takes_value:
-            i += 1
-        i += 1
-    return i
-
-
-def _inline_flag(args, flags):
-    """(index of the inline code in ARGS, or None) for an interpreter taking code via FLAGS."""
-    for i, tok in enumerate(args):
-        if tok == "--":
-            return None
-        if tok in flags:
-            return i + 1 if i + 1 < len(args) else len(args)
-        if not tok.startswith("-"):
-            return None
-    return None
-
-
-def _shell_code_index(args):
-    """For `sh [options] ...`: (index of the -c script, or None, index of the first operand)."""
-    has_c, i = False, 0
-    while i < len(args):
-        tok = args[i]
-        if tok == "--":
-            i += 1
-            break
-        if tok.startswith("--"):
-            i += 2 if tok in ("--rcfile", "--init-file") else 1
-            continue
-        if tok.startswith(("-", "+")) and len(tok) > 1:
-            has_c = has_c or (tok[0] == "-" and "c" in tok[1:])
-            i += 2 if tok[1:] in ("o", "O") else 1
-            continue
-        break
-    return (i if has_c else None), i
-
-
-def script_reason(script, depth):
-    """Why a shell script string (sh -c SCRIPT) is destructive or opaque, or None."""
-    if depth > MAX_DEPTH:
-        return "nested too deep to inspect"
-    for marker in OPAQUE_SCRIPT:
-        if marker in script:
-            return "shell script uses %r (cannot be inspected): %r" % (marker, _short(script))
-    try:
-        lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        tokens = list(lexer)
-    except ValueError as exc:
-        return "shell script cannot be parsed (%s): %r" % (exc, _short(script))
-    commands, current, redirect = [], [], False
-    for tok in tokens:
-        if tok and all(ch in "();&|" for ch in tok):
-            commands.append(current)
-            current, redirect = [], False
-        elif tok and all(ch in "<>&|" for ch in tok):
-            redirect = True
-        elif redirect:
-            redirect = False
-            if tok.startswith("/dev/") and not tok.startswith(SAFE_DEVICES):
-                return "shell script writes to a device (%s)" % tok
-            reason = word_reason(tok) or _token_reason(tok)
-            if reason:
-                return reason
-        else:
-            current.append(tok)
-    commands.append(current)
-    for cmd in commands:
-        while cmd and cmd[0] in SHELL_KEYWORDS:
-            cmd = cmd[1:]
-        reason = argv_reason(cmd, depth + 1)
-        if reason:
-            return reason
-    return None
-
-
-def _interpreter_reason(base, args, depth):
-    family = "python" if PYTHON.match(base) else base
-    flags = ("-c",) if family == "python" else INLINE_CODE[family]
-    if family == "python":
-        index = None
-        for i, tok in enumerate(args):
-            if tok == "--" or not tok.startswith("-"):
-                break
-            if tok.startswith("-") and not tok.startswith("--") and tok.endswith("c"):
-                index = i + 1
-                break
-    elif family in ("awk", "gawk", "mawk", "nawk"):
-        first = _skip_options(args, {"-f", "-v", "-F"})
-        index = None if any(t == "-f" or t.startswith("-f") for t in args[:first]) else first
-    else:
-        index = _inline_flag(args, flags)
-    if index is None:   # a script file: trusted by its name, like any program
-        first = _skip_options(args, {"-m", "-W", "-X", "-f", "-v", "-F"})
-        if first < len(args):
-            return word_reason(os.path.basename(args[first])) or _args_reason(args[first + 1:], depth)
-        return _args_reason(args, depth)
-    code = args[index] if index < len(args) else ""
-    reason = word_reason(code) or _token_reason(code)
-    if reason:
-        return reason
-    if family == "python":
-        return _python_code_reason(code)
-    return "inline %s code cannot be inspected" % base
-
-
-def _args_reason(args, depth):
-    for tok in args:
-        reason = _token_reason(tok) or word_reason(tok)
-        if reason:
-            return reason
-        if any(ch.isspace() for ch in tok):   # a command string for a remote or inner shell
-            try:
-                shlex.split(tok)
-            except ValueError:
-                continue
-            reason = script_reason(tok, depth + 1)
-            if reason:
-                return reason
-    return None
-
-
-def argv_reason(argv, depth=0):
-    """Why an argv is destructive or opaque (a short reason), or None when it looks harmless."""
-    if depth > MAX_DEPTH:
-        return "nested too deep to inspect"
-    i = 0
-    while i < len(argv) and ASSIGNMENT.match(argv[i]):
-        reason = _token_reason(argv[i])
-        if reason:
-            return reason
-        i += 1
-    argv = list(argv[i:])
-    if not argv:
-        return None
-    prog, args = argv[0], argv[1:]
-    base = os.path.basename(prog)
-    if prog.startswith("$"):
-        return "the program comes from %s, unknown until it runs" % prog
-    reason = _token_reason(prog) or word_reason(base)
-    if reason:
-        return reason
-    if base in ("eval",):
-        return "eval runs text that cannot be inspected"
-    if base in ("source", "."):
-        return _args_reason(args, depth)
-    if base in SHELLS:
-        code, first = _shell_code_index(args)
-        if code is not None:
-            if code >= len(args):
-                return "%s -c without a script" % base
-            return script_reason(args[code], depth + 1) or _args_reason(args[code + 1:], depth)
-        if first >= len(args):
-            return "%s reads its script from standard input: cannot be inspected" % base
-        return argv_reason(args[first:], depth + 1)
-    if PYTHON.match(base) or base in INLINE_CODE:
-        return _interpreter_reason(base, args, depth)
-    if base in WRAPPERS:
-        takes_value, operands = WRAPPERS[base]
-        if base in ("su", "runuser", "flock") and any(t in ("-c", "--command") for t in args):
-            at = max(i for i, t in enumerate(args) if t in ("-c", "--command"))
-            return script_reason(args[at + 1] if at + 1 < len(args) else "", depth + 1) \
-                or _args_reason(args[:at], depth)
-        if base == "env":
-            split = [i for i, t in enumerate(args) if t in ("-S", "--split-string") or t.startswith("--split-string=")]
-            if split:
-                at = split[0]
-                text = args[at].split("=", 1)[1] if "=" in args[at] else (args[at + 1] if at + 1 < len(args) else "")
-                try:
-                    return argv_reason(shlex.split(text) + args[at + 2:], depth + 1)
-                except ValueError:
-                    return "env -S string cannot be parsed"
-        start = _skip_options(args, takes_value)
-        if base == "watch":
-            return script_reason(" ".join(args[start:]), depth + 1)
-        while start < len(args) and base == "env" and ASSIGNMENT.match(args[start]):
-            start += 1
-        return _args_reason(args[:start + operands], depth) or argv_reason(args[start + operands:], depth + 1)
-    if base in ("curl",) and any(t in ("-K", "--config") or t.startswith("--config=") or re.match(r"^-[A-Za-z]*K", t)
-                                 for t in args):
-        return "curl reads its request from a config file (-K) that cannot be inspected"
-    if base in ("wget",) and any(t in ("-i", "-e", "--input-file", "--execute", "--config") or
-                                 t.startswith(("--input-file=", "--execute=", "--config=")) for t in args):
-        return "wget reads commands from a file or -e that cannot be inspected"
-    # an unknown wrapper (docker exec, ssh HOST, kubectl exec --): a shell or interpreter inside it
-    for at in range(len(args)):
-        inner = os.path.basename(args[at])
-        if (inner in SHELLS and _shell_code_index(args[at + 1:])[0] is not None) or \
-                ((PYTHON.match(inner) or inner in INLINE_CODE) and _inner_has_code(inner, args[at + 1:])):
-            reason = _args_reason(args[:at], depth) or argv_reason(args[at:], depth + 1)
-            if reason:
-                return reason
-    return _args_reason(args, depth)
-
-
-def _inner_has_code(base, args):
-    if PYTHON.match(base):
-        return any(t.startswith("-") and not t.startswith("--") and t.endswith("c") for t in args[:3])
-    flags = INLINE_CODE.get(base, ())
-    return base in ("awk", "gawk", "mawk", "nawk") or any(t in flags for t in args[:3])
-
-
-def destructive_word(command):
-    """Why a stop command looks destructive (a word such as 'terminate', or a reason why it cannot
-    be inspected), or None.
-
-    Fail closed: a command that names such an action, at any depth of wrapping, is treated as
-    destructive even when nobody declared it so, because running it without a verified durable
-    copy can delete the only copy. The program's folder does not decide, its name does."""
-    if isinstance(command, (list, tuple)):
-        return argv_reason(list(command))
-    try:
-        argv = shlex.split(command)
-    except ValueError:
-        return "the command cannot be split into arguments"
-    return argv_reason(argv)
-
-
-# ----------------------------------------------------------------------------- the durable copy
-
-def verify_durable(run_dir):
-    """Re-check the run's durable copy now, with the one evidence parser: (ok, detail).
-
-    status.json "sync" must say ok and verified and name results_dir and its manifest; the manifest
-    must parse (evidence.read_manifest), belong to this run, list a result besides the logs, and
-    match every file in results_dir, re-hashed (evidence.verify_tree)."""
-    status = core.read_json(os.path.join(run_dir, "status.json"))
-    sync = status.get("sync")
-    if not isinstance(sync, dict):
-        return False, "status.json has no sync record: the end-of-run sync has not run"
-    if sync.get("ok") is not True or sync.get("verified") is not True:
-        return False, "status.json sync says ok=%s verified=%s%s" % (
-            sync.get("ok"), sync.get("verified"), (": %s" % sync["error"]) if sync.get("error") else "")
-    results, manifest_path = sync.get("results_dir"), sync.get("manifest")
-    if not isinstance(results, str) or not results or not os.path.isdir(results):
-        return False, "sync.results_dir %r is not a directory here" % (results,)
-    if not isinstance(manifest_path, str) or not manifest_path:
-        return False, "status.json sync names no manifest"
-    manifest, problems = evidence.read_manifest(manifest_path)
-    if problems or manifest is None:
-        first = (problems or [{"path": manifest_path, "detail": "unreadable"}])[0]
-        return False, "manifest %s: %s: %s" % (manifest_path, first["path"], first["detail"])
-    run_id = status.get("run_id")
-    if isinstance(run_id, str) and run_id and manifest.get("run_id") != run_id:
-        return False, "manifest %s is for run %r, not %r" % (manifest_path, manifest.get("run_id"), run_id)
-    if all(e["path"].startswith("logs/") for e in manifest["files"]):
-        return False, "the durable copy holds only the run's logs (no --output was declared): nothing " \
-                      "protects a destructive stop"
-    problems, hashed = evidence.verify_tree(results, manifest, progress=False)
-    if problems:
-        return False, "%d problem(s) at %s, first: %s %s: %s" % (
-            len(problems), results, problems[0]["code"], problems[0]["path"], problems[0]["detail"])
-    return True, "%d file(s), %d bytes re-verified (sha256) at %s against %s" % (
-        manifest["file_count"], manifest["total_bytes"], results, manifest_path)
-
-
-# ----------------------------------------------------------------------------- the watchdog
-
-class Deadman(object):
-    def __init__(self, run_dir, cfg, foreground):
-        self.run_dir = run_dir
+    def __init__(self, folder, cfg, foreground):
+        self.run_dir = folder
         self.cfg = cfg
         self.foreground = foreground
         self.armed_at = time.time()       # for the record only; every deadline is monotonic
         self.armed_mono = time.monotonic()
         self.state = "armed"
-        self.ended_mono = None            # when the job was (first seen) over
-        self.last_ssh = None              # last time a counted SSH session held the firing off
-        self.ssh_wait_since = None        # when SSH sessions first held the firing off
-        self.ssh_capped = False           # the SSH wait reached --ssh-wait-max-minutes
-        self.ssh_seen = {}                # session key -> (activity, monotonic time it last changed)
-        self.resumed_mono = None          # when the machine last woke from suspend
-        self.last_other = None            # when another run on this node was last seen active
-        self.progress_sig = None          # (mtime of heartbeat.json, of job.log) last seen
-        self.progress_mono = self.armed_mono
-        self.last_eval = self.armed_mono
-        self.ack_sig = None
-        self.ack_until_mono = None
         self.clock = (suspend_clock(), time.monotonic())
+        self.resumed_mono = None
         self.last_note = None
         self.last_write = None
         self.stop_requested = None
         self.check_now = False
         self.firing = False
         self.fired = None
+        self.failing_since = None
+        self.record_errors = 0
 
-    # paths
     def p(self, name):
         return os.path.join(self.run_dir, name)
 
     def log(self, msg):
-        line = "%s deadman[%d] %s\n" % (stamp(), os.getpid(), msg)
+        line = "%s %s[%d] %s\n" % (stamp(), self.NAME, os.getpid(), msg)
         try:
-            with open(self.p("deadman.log"), "a", encoding="utf-8") as fh:
+            with open(self.p(self.LOG_FILE), "a", encoding="utf-8") as fh:
                 fh.write(line)
         except OSError:
-            pass
+            pass   # a full disk: the log is the first thing given up
         if self.foreground:
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
 
     def note(self, msg):
         """Log msg only when it differs from the previous note (no log spam at each poll)."""
@@ -668,19 +212,34 @@ class Deadman(object):
             self.last_note = msg
             self.log(msg)
 
-    def write_state(self, extra=None):
-        doc = {
-            "pid": os.getpid(), "identity": core.process_identity(), "host": socket.gethostname(),
-            "run_dir": self.run_dir, "armed_at": stamp(self.armed_at), "state": self.state, "updated_at": stamp(),
-            "config": self.cfg, "last_check": self.last_note, "toolkit_version": core.toolkit_version(),
-        }
+    def save(self, name, doc):
+        """Best effort: on a full or read-only disk give up the reserve once, never raise."""
+        error = core.write_json_best_effort(self.p(name), doc, reserve=self.p(WATCH_RESERVE))
+        if error:
+            self.record_errors += 1
+            self.note("record not written (%s); watching and stopping go on" % error)
+        return error
+
+    def state_doc(self):
+        doc = {"pid": os.getpid(), "identity": core.process_identity(), "host": socket.gethostname(),
+               "run_dir": self.run_dir, "armed_at": stamp(self.armed_at), "state": self.state,
+               "updated_at": stamp(), "config": self.cfg, "last_check": self.last_note,
+               "toolkit_version": LOADED_VERSION, "loaded_version": LOADED_VERSION}
         if self.fired:
             doc["fired"] = {"reason": self.fired.get("reason"), "ok": self.fired.get("ok"),
-                            "fired_at": self.fired.get("fired_at")}
+                            "confirmed": self.fired.get("confirmed"), "fired_at": self.fired.get("fired_at")}
+        return doc
+
+    def write_state(self, extra=None):
+        doc = self.state_doc()
         if extra:
             doc.update(extra)
-        core.atomic_write_json(self.p(STATE_FILE), doc)
+        self.save(self.STATE_FILE, doc)
         self.last_write = time.monotonic()
+
+    def save_fired(self):
+        if self.fired is not None:
+            self.save(self.FIRED_FILE, self.fired)
 
     def on_wake(self, _signum, _frame):
         self.check_now = True  # SIGUSR1 from `ack`: read ACK now, not at the next poll
@@ -695,24 +254,175 @@ class Deadman(object):
         """The wall-clock time a monotonic instant corresponds to (for messages only)."""
         return time.time() + (mono - time.monotonic())
 
+    def guarded_evaluate(self, now):
+        """evaluate(now), but an exception is logged, never fatal. Errors that last longer than the
+        stall limit (or 30 min) become a firing: a watcher that cannot judge must not fail open."""
+        try:
+            verdict = self.evaluate(now)
+            self.failing_since = None
+            return verdict
+        except Exception as exc:  # noqa: BLE001  (SkyPilot's skylet guards each event the same way)
+            if self.failing_since is None:
+                self.failing_since = now
+                self.log("check failed, watching on: %s" % traceback.format_exc().strip().splitlines()[-1])
+            limit = (self.cfg.get("stall_minutes") or core.DEFAULT_STALL_MINUTES) * 60.0
+            if now - self.failing_since >= limit:
+                return "watch_error", "every check failed for %s (last: %s: %s)" % (
+                    dur(now - self.failing_since), type(exc).__name__, exc), None, False
+            return None
+
+    def cap_reached(self, now):
+        hours = self.cfg.get("max_hours") or 0.0
+        if hours and now - self.armed_mono >= hours * 3600:
+            return "max_hours", "wall-clock cap of %g h since arming reached" % hours, None, None
+        return None
+
+    def loop(self):
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGUSR1, self.on_wake)
+        core.make_reserve(self.p(WATCH_RESERVE), 64 << 10)
+        self.log("armed on %s: %s" % (self.run_dir, json.dumps(self.cfg, sort_keys=True)))
+        while True:
+            if self.stop_requested:
+                self.state = "exited"
+                self.log("exiting on signal %d: NOTHING WATCHES THIS NOW" % self.stop_requested)
+                self.write_state()
+                return 0
+            if not os.path.isdir(self.run_dir):
+                # Someone removed the run on purpose; there is nothing left to record into or guard.
+                sys.stderr.write("%s: %s is gone; standing down\n" % (self.NAME, self.run_dir))
+                return 0
+            now = time.monotonic()
+            clock = (suspend_clock(), now)
+            slept = suspended_seconds(self.clock, clock)
+            self.clock = clock
+            if slept:
+                # The job was frozen too: restart the stall and grace clocks.
+                self.resumed_mono = now
+                self.armed_mono += slept   # suspended time does not count toward --max-hours
+                self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
+            verdict = self.guarded_evaluate(now)
+            if verdict and verdict[0] == "disarm":
+                self.state = "disarmed"
+                self.log("disarmed by ACK; exiting without stopping anything")
+                self.write_state()
+                return 0
+            if verdict and verdict[0] == "stall_run":
+                self.stop_own_job(*verdict[1:])
+                verdict = None
+            if verdict:
+                return self.fire(*verdict)
+            if self.last_write is None or now - self.last_write >= max(30.0, self.cfg["poll_seconds"]):
+                self.write_state()
+            # Sleep in short slices: a handled signal must not wait a whole poll interval.
+            wake = time.monotonic() + self.cfg["poll_seconds"]
+            while not self.stop_requested and not self.check_now and time.monotonic() < wake:
+                time.sleep(min(0.5, self.cfg["poll_seconds"]))
+            self.check_now = False
+
+    def stop_own_job(self, detail, job_pid, job_alive):
+        """Overridden by the run dead-man; other watchers have no job of their own."""
+
+    def before_stop(self, job_pid, job_alive):
+        """Overridden by the run dead-man: give a live job its stop signal and time to save."""
+
+    def notify_fields(self):
+        return {"host": socket.gethostname(), "run_dir": self.run_dir}
+
+    def fire(self, reason, detail, job_pid=None, job_alive=False):
+        cfg = self.cfg
+        self.firing = True
+        self.fired = {
+            "reason": reason, "detail": detail, "fired_at": stamp(), "run_dir": self.run_dir,
+            "host": socket.gethostname(), "deadman_pid": os.getpid(), "dry_run": cfg["dry_run"],
+            "command": cfg.get("stop_cmd"), "command_source": cfg.get("stop_cmd_source"),
+            "destructive": cfg.get("destructive", False), "attempts": [], "ok": False, "confirmed": None,
+            "toolkit_version": LOADED_VERSION,
+        }
+        self.save_fired()                       # the reason goes on disk first (best effort)
+        self.state = "fired"
+        self.write_state()
+        self.log("FIRED: %s: %s" % (reason, detail))
+        try:
+            self.before_stop(job_pid, job_alive)
+        except Exception:  # noqa: BLE001  the stop must run even when the courtesy to the job failed
+            self.log("preparing the stop failed: %s" % traceback.format_exc().strip().splitlines()[-1])
+        self.save_fired()
+        engine = stop_engine.Engine(cfg, cfg, self.fired, self.save_fired, self.log, run_dir=self.run_dir,
+                                    notify=stop_engine.notifier(self.notify_fields()),
+                                    adapter=provider_adapter(cfg))
+        try:
+            rc = engine.run()
+        except Exception:  # noqa: BLE001  last resort: the plain stop command, once
+            self.log("stop engine error: %s" % traceback.format_exc().strip().splitlines()[-1])
+            rc = last_resort_stop(cfg, self.log)
+            self.fired["last_resort_rc"] = rc
+            self.save_fired()
+        return self.finish(0 if rc == 0 else 1)
+
+    def finish(self, rc):
+        self.write_state({"exit_code": rc})
+        return rc
+
+
+def provider_adapter(cfg):
+    """The provider adapter that can confirm this plan's stop (providers.py), or None."""
+    if cfg.get("dry_run") or not str(cfg.get("stop_cmd_source") or "").startswith("profile:"):
+        return None
+    try:
+        import providers
+    except ImportError:
+        return None
+    try:
+        return providers.adapter_for(cfg.get("profile"))
+    except Exception:  # noqa: BLE001  no adapter is the old behaviour, never a crash
+        return None
+
+
+def last_resort_stop(cfg, log):
+    """When the engine itself broke: run the stop (or fallback) once, non-destructive only."""
+    for key in ("stop_cmd", "fallback_stop_cmd"):
+        command = cfg.get(key)
+        if not command or (key == "stop_cmd" and cfg.get("destructive")):
+            continue
+        try:
+            argv, missing = expand_argv(command)
+            cmd, problem = stop_engine.runnable(argv)
+            if missing or problem:
+                continue
+            res = core.run_bounded(cmd, cfg.get("stop_timeout") or 120)
+            log("last-resort %s: rc=%s" % (key, res.rc))
+            if res.rc == 0:
+                return 0
+        except Exception:  # noqa: BLE001
+            continue
+    return 1
+
+
+# ----------------------------------------------------------------------------- the run dead-man
+
+class Deadman(Watcher):
+    NAME = "deadman"
+
+    def __init__(self, run_dir, cfg, foreground):
+        Watcher.__init__(self, run_dir, cfg, foreground)
+        self.ended_mono = None            # when the job was (first seen) over
+        self.ssh = sessions.SshRule(cfg.get("ssh_idle_minutes"), cfg.get("ssh_wait_max_minutes"))
+        self.last_ssh = None              # last time a counted SSH session held the firing off
+        self.holding_others = False       # another run held the firing off at the last look
+        self.others_released = None       # when the other runs stopped holding it off (first seen)
+        self.progress_sig = None          # (mtime of heartbeat.json, of job.log) last seen
+        self.progress_mono = self.armed_mono
+        self.last_eval = self.armed_mono
+        self.ack_sig = None
+        self.ack_until_mono = None
+        self.stopped_job = None           # the job this dead-man already stopped for a stall
+
     def from_wall(self, wall, now):
         """A monotonic instant for a wall time read from a file, no earlier than arming."""
         age = time.time() - wall
         return now - min(max(age, 0.0), now - self.armed_mono)
-
-    # what the run looks like
-    def job_facts(self, status):
-        """(job_pid, job_alive, helper_alive) with pid-reuse caught by the recorded identities."""
-        cfg = self.cfg
-        started = core.parse_iso(status.get("started_at"))
-        if status.get("job_pid"):
-            job_pid, ident = status.get("job_pid"), status.get("job_identity")
-        else:
-            job_pid, ident = cfg.get("job_pid"), cfg.get("job_identity")
-        job_alive = bool(job_pid) and core.record_alive(ident, job_pid, started)
-        helper_alive = any(core.record_alive(status.get(k + "_identity"), status.get(k + "_pid"), started)
-                           for k in ("supervisor", "launcher") if status.get(k + "_pid"))
-        return job_pid, job_alive, helper_alive
 
     def track_progress(self, now):
         """Move the stall clock when heartbeat.json or job.log changed since the last look.
@@ -737,21 +447,14 @@ class Deadman(object):
                 self.ack_until_mono = now + (until - time.time())
         return self.ack_until_mono is not None and now < self.ack_until_mono
 
-    def counted_sessions(self, now):
-        """SSH sessions that still hold the firing off: not idle past --ssh-idle-minutes."""
-        sessions = ssh_sessions() or []
-        idle_limit = self.cfg.get("ssh_idle_minutes") or 0.0
-        seen, counted, idle = {}, [], []
-        for sess in sessions:
-            before = self.ssh_seen.get(sess["key"])
-            changed = now if before is None or sess["activity"] != before[0] else before[1]
-            seen[sess["key"]] = (sess["activity"], changed)
-            if idle_limit and sess["activity"] is not None and now - changed >= idle_limit * 60:
-                idle.append(sess["label"])
-            else:
-                counted.append(sess["label"])
-        self.ssh_seen = seen
-        return counted, idle
+    def neighbours(self):
+        """Other active runs on the box that hold this one's stop off: watched AND progressing."""
+        found = runrec.active_neighbours([self.run_dir], [os.path.dirname(self.run_dir)],
+                                         self.cfg["stall_minutes"], self.cfg.get("registry"))
+        holding = [n["name"] for n in found if n["watched"] and n["progressing"]]
+        ignored = ["%s (%s)" % (n["name"], "not progressing" if n["watched"] else "no dead-man watches it")
+                   for n in found if not (n["watched"] and n["progressing"])]
+        return holding, ignored
 
     def evaluate(self, now):
         """(reason, detail, job_pid, job_alive) when it should fire now, else None. NOW is monotonic."""
@@ -761,26 +464,31 @@ class Deadman(object):
             return "disarm", "ACK says disarm", None, False
         postponed = self.ack_postponed(ack, now)
 
-        status = core.read_json(self.p("status.json"))
-        state = status.get("state")
-        job_pid, job_alive, helper_alive = self.job_facts(status)
+        status, unreadable = runrec.read_status(self.run_dir)
+        state = (status or {}).get("state")
+        job_pid, job_alive, helper_alive = runrec.liveness(status or {}, cfg.get("job_pid"), cfg.get("job_identity"))
         self.track_progress(now)
         self.last_eval = now
 
         candidates = []
-        if cfg["max_hours"] and now - self.armed_mono >= cfg["max_hours"] * 3600:
-            candidates.append(("max_hours", "wall-clock cap of %g h since arming reached" % cfg["max_hours"]))
+        cap = self.cap_reached(now)
+        if cap:
+            candidates.append(cap[:2])
 
-        if state in TERMINAL:
+        if unreadable:
+            # Finding A7: never "no job". Hold; the stall rule and the cap still apply.
+            active, why_over = True, None
+            self.note("status.json unreadable (%s): treated as a live job" % unreadable)
+        elif state in TERMINAL:
             if self.ended_mono is None:
                 ended_at = core.parse_iso(status.get("ended_at"))
                 self.ended_mono = self.from_wall(ended_at, now) if ended_at is not None else now
             active, why_over = False, "job %s (exit %s)" % (state, status.get("exit_code"))
-        elif job_alive or (helper_alive and state in ACTIVE + (None,)):
+        elif job_alive or (helper_alive and state in ACTIVE + ("stalled", None)):
             active, why_over = True, None
             self.ended_mono = None
-            self.ssh_wait_since = self.last_ssh = None
-            self.ssh_capped = False
+            self.ssh.reset()
+            self.last_ssh = None
         elif job_pid:
             if self.ended_mono is None:
                 self.ended_mono = now
@@ -791,36 +499,44 @@ class Deadman(object):
         if active:
             quiet = now - max(self.progress_mono, self.resumed_mono or self.armed_mono)
             if core.is_stalled(quiet, cfg["stall_minutes"]):
-                candidates.append(("stall", "job alive (pid %s, state %s) but heartbeat.json and job.log "
-                                            "unchanged for %s (limit %g min)"
-                                   % (job_pid, state, dur(quiet), cfg["stall_minutes"])))
+                detail = ("job alive (pid %s, state %s) but heartbeat.json and job.log unchanged for %s (limit %g min)"
+                          % (job_pid, state, dur(quiet), cfg["stall_minutes"]))
+                holding, _ignored = self.neighbours()
+                if holding and job_alive and job_pid and self.stopped_job != job_pid:
+                    # Finding R3: stop this run's job, not the box under a healthy run.
+                    return "stall_run", detail + "; other runs still train (%s)" % ", ".join(holding[:5]), \
+                        job_pid, job_alive
+                if not holding:
+                    candidates.append(("stall", detail))
+                else:
+                    self.note("stalled, job already stopped; holding the box stop for %s" % ", ".join(holding[:5]))
             if not candidates:
                 self.note("watching: job active (state %s, pid %s)" % (state, job_pid))
         else:
             idle_since = self.ended_mono if self.ended_mono is not None else self.armed_mono
             holding = False
-            # The node registry: another run on this node still trains, so the box is not idle.
-            others = core.active_runs([os.path.dirname(self.run_dir)], exclude=[self.run_dir])
+            others, ignored = self.neighbours()
             if others:
-                holding, self.last_other = True, now
-                self.note("%s; holding: another run on this node is active (%s)"
+                holding, self.holding_others, self.others_released = True, True, None
+                self.note("%s; holding: another run on this box is active and watched (%s)"
                           % (why_over or "no job running", ", ".join(others[:5])))
-            if self.last_other is not None:
-                idle_since = max(idle_since, self.last_other)  # the grace starts when the last one ended
+            elif self.holding_others:
+                # Finding R11: the grace starts when the neighbours were first seen gone, never earlier.
+                self.holding_others, self.others_released = False, now
+            if ignored and not others:
+                self.note("not holding for %s" % ", ".join(ignored[:5]))
+            if self.others_released is not None:
+                idle_since = max(idle_since, self.others_released)
             if cfg["wait_ssh"] and not holding:
-                counted, idle = self.counted_sessions(now)
-                if counted:
-                    if self.ssh_wait_since is None:
-                        self.ssh_wait_since = now
-                    if now - self.ssh_wait_since < cfg["ssh_wait_max_minutes"] * 60:
-                        holding, self.last_ssh = True, now
-                        self.note("job over; waiting for %d SSH session(s) to close: %s (at most until %s)"
-                                  % (len(counted), ", ".join(counted),
-                                     stamp(self.wall_at(self.ssh_wait_since + cfg["ssh_wait_max_minutes"] * 60))))
-                    else:
-                        self.ssh_capped = True
-                        self.note("SSH wait cap of %g min reached: %d open session(s) no longer hold the firing "
-                                  "off (%s)" % (cfg["ssh_wait_max_minutes"], len(counted), ", ".join(counted)))
+                ssh_hold, counted, idle, capped = self.ssh.hold(now, ssh_sessions())
+                if ssh_hold:
+                    holding, self.last_ssh = True, now
+                    self.note("job over; waiting for %d SSH session(s) to close: %s (at most until %s)"
+                              % (len(counted), ", ".join(counted),
+                                 stamp(self.wall_at(self.ssh.since + cfg["ssh_wait_max_minutes"] * 60))))
+                elif capped and counted:
+                    self.note("SSH wait cap of %g min reached: %d open session(s) no longer hold the firing "
+                              "off (%s)" % (cfg["ssh_wait_max_minutes"], len(counted), ", ".join(counted)))
                 elif idle:
                     self.note("ignoring %d SSH session(s) idle for over %g min: %s"
                               % (len(idle), cfg["ssh_idle_minutes"], ", ".join(idle)))
@@ -830,7 +546,7 @@ class Deadman(object):
                 idle_since = max(idle_since, self.resumed_mono)
             idle_for = now - idle_since
             if not holding and idle_for >= cfg["grace_minutes"] * 60:
-                capped = " (SSH wait capped at %g min)" % cfg["ssh_wait_max_minutes"] if self.ssh_capped else ""
+                capped = " (SSH wait capped at %g min)" % cfg["ssh_wait_max_minutes"] if self.ssh.capped else ""
                 if why_over:
                     candidates.append(("job_ended", "%s; no ACK within %g min%s"
                                        % (why_over, cfg["grace_minutes"], capped)))
@@ -849,53 +565,9 @@ class Deadman(object):
         reason, detail = candidates[0]
         return reason, detail, job_pid, job_alive
 
-    def loop(self):
-        signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGINT, self.on_signal)
-        signal.signal(signal.SIGUSR1, self.on_wake)
-        self.log("armed on %s: %s" % (self.run_dir, json.dumps(self.cfg, sort_keys=True)))
-        while True:
-            if self.stop_requested:
-                self.state = "exited"
-                self.log("exiting on signal %d: NOTHING WATCHES THIS RUN NOW" % self.stop_requested)
-                self.write_state()
-                return 0
-            if not os.path.isdir(self.run_dir):
-                # Someone removed the run on purpose; there is nothing left to record into or guard.
-                sys.stderr.write("deadman: run dir %s is gone; standing down\n" % self.run_dir)
-                return 0
-            now = time.monotonic()
-            clock = (suspend_clock(), now)
-            slept = suspended_seconds(self.clock, clock)
-            self.clock = clock
-            if slept:
-                # A laptop lid or host suspend froze the job and us alike: the heartbeat is old only
-                # because time stood still for the job. Restart the stall and grace clocks.
-                self.resumed_mono = now
-                self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
-            verdict = self.evaluate(now)
-            if verdict and verdict[0] == "disarm":
-                self.state = "disarmed"
-                self.log("disarmed by ACK; exiting without stopping anything")
-                self.write_state()
-                return 0
-            if verdict:
-                return self.fire(*verdict)
-            if self.last_write is None or now - self.last_write >= max(30.0, self.cfg["poll_seconds"]):
-                self.write_state()
-            # Sleep in short slices: time.sleep resumes after a handled signal (PEP 475),
-            # so one long sleep would delay a requested exit by a whole poll interval.
-            wake = time.monotonic() + self.cfg["poll_seconds"]
-            while not self.stop_requested and not self.check_now and time.monotonic() < wake:
-                time.sleep(min(0.5, self.cfg["poll_seconds"]))
-            self.check_now = False
-
-    # firing
-    def save_fired(self):
-        core.atomic_write_json(self.p(FIRED_FILE), self.fired)
-
+    # the job
     def still_the_job(self, job_pid):
-        status = core.read_json(self.p("status.json"))
+        status = runrec.status(self.run_dir)
         if status.get("job_pid") == job_pid:
             return core.record_alive(status.get("job_identity"), job_pid, core.parse_iso(status.get("started_at")))
         return core.record_alive(self.cfg.get("job_identity"), job_pid)
@@ -908,14 +580,16 @@ class Deadman(object):
         return time.monotonic() - start
 
     def term_job(self, job_pid):
+        """The run's stop signal to the job's process group, then time to save and to sync."""
         cfg = self.cfg
         pid = int(job_pid)
+        sig = stop_signal_of(self.run_dir)
         try:
             pgid = os.getpgid(pid)
         except OSError:
             pgid = None
         group = pgid == pid
-        rec = {"signal": "SIGTERM", "target": ("process group %d" % pid) if group else ("pid %d" % pid),
+        rec = {"signal": sig.name, "target": ("process group %d" % pid) if group else ("pid %d" % pid),
                "grace_seconds": cfg["term_grace_seconds"]}
         if cfg["dry_run"]:
             rec["dry_run"] = True
@@ -926,191 +600,44 @@ class Deadman(object):
         rec["sent_at"] = stamp()
         try:
             if group:
-                os.killpg(pid, signal.SIGTERM)
+                os.killpg(pid, sig)
             else:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, sig)
         except OSError as exc:
             rec["error"] = str(exc)
         rec["waited_seconds"] = round(self.wait_until(lambda: not core.pid_alive(pid), cfg["term_grace_seconds"]), 2)
         rec["job_exited"] = not core.pid_alive(pid)
 
         def sync_over():  # give the supervisor a chance to finish its durable sync of what the job saved
-            status = core.read_json(self.p("status.json"))
+            status = runrec.status(self.run_dir)
             return status.get("state") in TERMINAL or not core.record_alive(
                 status.get("supervisor_identity"), status.get("supervisor_pid"),
                 core.parse_iso(status.get("started_at")))
         self.wait_until(sync_over, cfg["sync_wait_seconds"])
-        rec["state_after"] = core.read_json(self.p("status.json")).get("state")
-        self.log("sent SIGTERM to %s; job exited: %s after %.1f s; run state now %s"
-                 % (rec["target"], rec["job_exited"], rec["waited_seconds"], rec["state_after"]))
+        rec["state_after"] = runrec.status(self.run_dir).get("state")
+        self.log("sent %s to %s; job exited: %s after %.1f s; run state now %s"
+                 % (sig.name, rec["target"], rec["job_exited"], rec["waited_seconds"], rec["state_after"]))
         return rec
 
-    def run_limited(self, argv, timeout):
-        """One external command under core.run_bounded: a record of rc, timed_out, seconds, output."""
-        res = core.run_bounded(argv, timeout, cwd=self.run_dir)
-        rec = {"rc": res.rc, "timed_out": res.timed_out, "seconds": round(res.seconds, 2),
-               "output_tail": (res.output or "")[-300:]}
-        if res.error:
-            rec["error"] = res.error
-        return rec
-
-    def attempts(self, argv, what):
-        """Run ARGV up to --retries times with exponential backoff, yielding each attempt's record;
-        stops after the first success."""
-        cfg = self.cfg
-        for attempt in range(cfg["retries"]):
-            rec = self.run_limited(argv, cfg["stop_timeout"])
-            rec["at"] = stamp()
-            self.log("%s attempt %d/%d: rc=%s%s" % (what, attempt + 1, cfg["retries"], rec["rc"],
-                                                   " (timed out after %.1f s)" % rec["seconds"]
-                                                   if rec["timed_out"] else ""))
-            yield rec
-            if rec["rc"] == 0:
-                return
-            if attempt + 1 < cfg["retries"]:
-                time.sleep(cfg["retry_backoff"] * (2 ** attempt))
-
-    def usable_fallback(self, already):
-        """(fallback template, argv) when a fallback exists, differs from ALREADY, and can run now."""
-        fallback = self.cfg["fallback_stop_cmd"]
-        if not fallback or fallback == already:
-            return None, None
-        argv, missing = expand_argv(fallback)
-        if missing:
-            self.log("cannot run the fallback %r: unset variable(s) %s" % (fallback, ", ".join(missing)))
-            return None, None
-        why = destructive_word(argv)
-        if why:
-            self.log("not running the fallback %r: it expands to a destructive command (%s)" % (fallback, why))
-            return None, None
-        return fallback, argv
-
-    def fire(self, reason, detail, job_pid, job_alive):
-        cfg = self.cfg
-        self.firing = True
-        self.fired = {
-            "reason": reason, "detail": detail, "fired_at": stamp(), "run_dir": self.run_dir,
-            "host": socket.gethostname(), "deadman_pid": os.getpid(), "dry_run": cfg["dry_run"],
-            "command": cfg["stop_cmd"], "command_source": cfg["stop_cmd_source"],
-            "destructive": cfg["destructive"], "attempts": [], "ok": False,
-            "toolkit_version": core.toolkit_version(),
-        }
-        self.save_fired()                       # the reason is on disk before anything else happens
-        self.state = "fired"
-        self.write_state()
-        self.log("FIRED: %s: %s" % (reason, detail))
-
+    def before_stop(self, job_pid, job_alive):
         if job_alive and job_pid:
             self.fired["job_term"] = self.term_job(job_pid)
-            self.save_fired()
 
-        if cfg["pre_stop_cmd"]:
-            if cfg["dry_run"]:
-                self.fired["pre_stop"] = {"command": cfg["pre_stop_cmd"], "dry_run": True}
-            else:
-                argv, missing = expand_argv(cfg["pre_stop_cmd"])
-                if missing:
-                    self.fired["pre_stop"] = {"command": cfg["pre_stop_cmd"], "rc": None,
-                                              "error": "unset variable(s): " + ", ".join(missing)}
-                else:
-                    self.fired["pre_stop"] = dict(self.run_limited(argv, cfg["pre_stop_timeout"]),
-                                                  command=cfg["pre_stop_cmd"])
-                self.log("pre-stop command: %s" % json.dumps(self.fired["pre_stop"], sort_keys=True))
-            self.save_fired()
+    def stop_own_job(self, detail, job_pid, job_alive):
+        """Finding R3: a stalled run on a box where another watched run trains loses its job, not the box."""
+        self.stopped_job = job_pid
+        self.log("STALL: %s: stopping this run's job only; the box stays on" % detail)
+        rec = {"reason": "stall", "detail": detail, "at": stamp(), "box_stop": False}
+        try:
+            rec["job_term"] = self.term_job(job_pid)
+        except Exception as exc:  # noqa: BLE001
+            rec["error"] = str(exc)
+        self.write_state({"stalled_job_stopped": rec})
+        self.save("STALL_STOPPED.json", rec)
 
-        command, destructive = cfg["stop_cmd"], cfg["destructive"]
-        argv, missing = expand_argv(command) if command else (None, [])
-        if command and not missing and not destructive:
-            why = destructive_word(argv)       # what the variables expanded to counts too
-            if why:
-                destructive = True
-                self.fired.update(destructive=True, destructive_inferred_at_fire=why)
-        if command and destructive:
-            if not cfg["allow_destructive"]:
-                gate_ok, why = False, "--allow-destructive was not given"
-            else:
-                gate_ok, why = verify_durable(self.run_dir)
-            self.fired["destructive_gate"] = {"passed": gate_ok, "detail": why}
-            if not gate_ok:
-                self.fired["refused"] = "%s (%s)" % (REFUSED_MSG, why)
-                self.fired["refused_command"] = command
-                self.log("REFUSED destructive stop %r: %s" % (command, why))
-                command, argv = self.usable_fallback(None)
-                missing, destructive = [], False
-                self.fired["command"], self.fired["destructive"] = command, False
-                self.fired["command_source"] = "--fallback-stop-cmd" if command else None
-            else:
-                self.log("destructive stop allowed: %s" % why)
-
-        if command and missing:
-            self.fired["error"] = "stop command %r needs unset variable(s): %s" % (command, ", ".join(missing))
-            self.log("cannot run %r: unset variable(s) %s" % (command, ", ".join(missing)))
-            command, argv = self.usable_fallback(command)
-            destructive = False
-            if command:
-                self.fired.update(command=command, destructive=False, command_source="--fallback-stop-cmd")
-        if not command:
-            self.fired["message"] = NO_STOP_MSG
-            self.save_fired()
-            self.log("!!! %s !!! Stop it by hand (profile meter-stop action)." % NO_STOP_MSG.upper())
-            return self.finish(1)
-
-        if cfg["dry_run"]:
-            self.fired["would_run"] = command
-            # Which $VARs resolved (names only: values can be ids or keys and stay out of files).
-            names = sorted({m.group(1).strip("{}") for m in UNRESOLVED_VAR.finditer(command)})
-            if names:
-                self.fired["variables_resolved"] = names
-            self.fired["message"] = "dry run: nothing was signalled or run"
-            self.save_fired()
-            self.log("DRY RUN: would run %r (destructive: %s)" % (command, destructive))
-            return self.finish(0)
-
-        for rec in self.attempts(argv, "stop"):
-            self.fired["attempts"].append(rec)
-            self.save_fired()
-            if rec["rc"] == 0:
-                self.fired["ok"] = True
-                self.fired["message"] = "stop command succeeded"
-                self.save_fired()
-                return self.finish(0)
-        failed = "stop command failed after %d attempt(s)" % cfg["retries"]
-        fallback, fb_argv = self.usable_fallback(command)
-        if fallback:
-            self.log("%s; running the fallback %r" % (failed, fallback))
-            self.fired["fallback"] = {"command": fallback, "attempts": [], "ok": False}
-            for rec in self.attempts(fb_argv, "fallback stop"):
-                self.fired["fallback"]["attempts"].append(rec)
-                self.save_fired()
-                if rec["rc"] == 0:
-                    self.fired["ok"] = self.fired["fallback"]["ok"] = True
-                    self.fired["message"] = "%s; the fallback stop command succeeded" % failed
-                    self.save_fired()
-                    return self.finish(0)
-            failed += " and the fallback failed too"
-        self.fired["message"] = "%s; the meter may still be running" % failed
-        self.save_fired()
-        self.log("!!! STOP FAILED (%s): the meter may still be running !!!" % failed)
-        return self.finish(1)
-
-    def finish(self, rc):
-        self.write_state({"exit_code": rc})
-        return rc
-
-
-# ----------------------------------------------------------------------------- subcommands
-
-def fnum(positive=False):
-    """Minutes, hours, seconds: finite, >= 0 (> 0 when POSITIVE) and < 1e9 (absurd sizes overflow time APIs)."""
-    return core.arg_number(float, 0.0, 1e9, low_open=positive)
-
-
-def run_dir_arg(args):
-    run_dir = os.path.abspath(args.run_dir)
-    if not os.path.isdir(run_dir):
-        raise core.UsageError("run dir %s %s" % (run_dir, "is not a directory" if os.path.exists(run_dir)
-                                                   else "does not exist"))
-    return run_dir
+    def notify_fields(self):
+        return {"host": socket.gethostname(), "run_dir": self.run_dir,
+                "run_id": runrec.status(self.run_dir).get("run_id")}
 
 
 def live_deadman(run_dir):
@@ -1142,62 +669,115 @@ def take_lock(run_dir):
     return fd
 
 
+
+
+# ----------------------------------------------------------------------------- arming: one table of options
+
+def fnum(positive=False):
+    """Minutes, hours, seconds: finite, >= 0 (> 0 when POSITIVE) and < 1e9 (absurd sizes overflow time APIs)."""
+    return core.arg_number(float, 0.0, 1e9, low_open=positive)
+
+
+def run_dir_arg(args):
+    run_dir = os.path.abspath(args.run_dir)
+    if not os.path.isdir(run_dir):
+        raise core.UsageError("run dir %s %s" % (run_dir, "is not a directory" if os.path.exists(run_dir)
+                                                   else "does not exist"))
+    return run_dir
+
+
+# (config key, flag, kind, default, help). The re-arm (cfg_to_argv) walks the same table, so a re-armed
+# dead-man keeps every setting (finding B3).
+WATCH_OPTIONS = [
+    ("stall_minutes", "--stall-minutes", "float", core.DEFAULT_STALL_MINUTES,
+     "fire when the job is alive but heartbeat.json/job.log are this old (0 = off; %g)" % core.DEFAULT_STALL_MINUTES),
+    ("grace_minutes", "--grace-minutes", "float", 15.0, "fire this long after the job ended unless acknowledged (15)"),
+    ("max_hours", "--max-hours", "float", 0.0, "wall-clock cap since arming, whatever the job does (0 = off)"),
+    ("wait_ssh", "--wait-ssh", "flag", False,
+     "after the job is over, also wait while SSH sessions (tunnels too) are open, bounded below"),
+    ("ssh_wait_max_minutes", "--ssh-wait-max-minutes", "float+", 60.0,
+     "open SSH sessions delay the firing by at most this much (60; always on)"),
+    ("ssh_idle_minutes", "--ssh-idle-minutes", "float", 30.0,
+     "an SSH session with no traffic for this long stops counting (30; 0 = off)"),
+    ("allow_destructive", "--allow-destructive", "flag", False,
+     "permit a destructive stop, and only after the durable sync re-verifies at fire time"),
+    ("fallback_stop_cmd", "--fallback-stop-cmd", "str", None,
+     "non-destructive argv string run when the stop is refused, fails or is not confirmed"),
+    ("pre_stop_cmd", "--pre-stop-cmd", "str", None, "argv string run before the stop (e.g. a last sync)"),
+    ("pre_stop_timeout", "--pre-stop-timeout", "float", 300.0, "hard seconds for --pre-stop-cmd (300)"),
+    ("retries", "--retries", "int", 3, "attempts of the stop, and of the fallback (3)"),
+    ("retry_backoff", "--retry-backoff", "float", 10.0, "seconds before retry 2; doubles each retry (10)"),
+    ("stop_timeout", "--stop-timeout", "float", 120.0, "hard seconds per stop attempt, children included (120)"),
+    ("confirm_seconds", "--confirm-seconds", "float?", None,
+     "a stop meant to end the machine is NOT CONFIRMED when this box is still up this long after it "
+     "exits 0 (default 90 for a profile's stop or shutdown/poweroff/halt, else 0 = cannot confirm)"),
+    ("term_grace_seconds", "--term-grace-seconds", "float", 30.0,
+     "after the run's stop signal to a live job's process group, wait this long for its checkpoint (30)"),
+    ("sync_wait_seconds", "--sync-wait-seconds", "float", 300.0,
+     "then wait this long for the supervisor's durable sync to finish (300)"),
+    ("poll_seconds", "--poll-seconds", "float+", 30.0, "check interval in seconds (30)"),
+    ("dry_run", "--dry-run", "flag", False, "on firing, record what would happen; signal and run nothing"),
+    ("registry", "--registry", "str", None,
+     "the box's run registry (default $RGT_REGISTRY, else ~/.rgt/registry): other runs it lists hold the stop off"),
+]
+
+
+def add_watch_options(parser, skip=()):
+    for key, flag, kind, default, text in WATCH_OPTIONS:
+        if key in skip:
+            continue
+        if kind == "flag":
+            parser.add_argument(flag, action="store_true", help=text)
+        elif kind == "int":
+            parser.add_argument(flag, type=int, default=default, help=text)
+        elif kind == "str":
+            parser.add_argument(flag, default=default, help=text)
+        else:
+            parser.add_argument(flag, type=fnum(positive=kind == "float+"), default=default, help=text)
+
+
+def cfg_to_argv(cfg):
+    """The arm options that rebuild CFG (the boot re-arm): every setting, the stop included."""
+    out = []
+    for key, flag, kind, default, _text in WATCH_OPTIONS:
+        value = cfg.get(key)
+        if kind == "flag":
+            out += [flag] if value else []
+        elif value is not None and not (kind == "float?" and key == "confirm_seconds" and not cfg.get("confirm_explicit")):
+            out += [flag, repr(value) if isinstance(value, float) else str(value)]
+    source = cfg.get("stop_cmd_source") or ""
+    if source == "--stop-cmd" and cfg.get("stop_cmd"):
+        out += ["--stop-cmd", cfg["stop_cmd"]] + (["--stop-cmd-destructive"] if cfg.get("stop_cmd_destructive") else [])
+    elif source.startswith("profile:"):
+        out += ["--profile", source.split(":", 1)[1]]
+    if cfg.get("job_pid"):
+        out += ["--job-pid", str(cfg["job_pid"])]
+    return out
+
+
 def build_config(args, run_dir):
-    cfg = {
-        "stall_minutes": args.stall_minutes, "grace_minutes": args.grace_minutes,
-        "max_hours": args.max_hours or 0.0, "wait_ssh": args.wait_ssh,
-        "ssh_wait_max_minutes": args.ssh_wait_max_minutes, "ssh_idle_minutes": args.ssh_idle_minutes,
-        "allow_destructive": args.allow_destructive, "retries": args.retries,
-        "retry_backoff": args.retry_backoff, "stop_timeout": args.stop_timeout,
-        "pre_stop_cmd": args.pre_stop_cmd, "pre_stop_timeout": args.pre_stop_timeout,
-        "fallback_stop_cmd": args.fallback_stop_cmd, "term_grace_seconds": args.term_grace_seconds,
-        "sync_wait_seconds": args.sync_wait_seconds, "poll_seconds": args.poll_seconds,
-        "dry_run": args.dry_run, "job_pid": args.job_pid, "profile": None,
-        "stop_cmd": None, "stop_cmd_source": None, "destructive": False,
-    }
+    cfg = {key: getattr(args, key) for key, _flag, _kind, _default, _text in WATCH_OPTIONS}
+    cfg["max_hours"] = cfg["max_hours"] or 0.0
+    cfg["registry"] = os.path.abspath(args.registry) if args.registry else runrec.registry_dir()
+    cfg["job_pid"] = args.job_pid
+    cfg["stop_cmd_destructive"] = bool(args.stop_cmd_destructive)
+    cfg["confirm_explicit"] = args.confirm_seconds is not None
     if args.job_pid is not None:
         if args.job_pid <= 0:
             raise core.UsageError("--job-pid must be a positive pid")
         cfg["job_identity"] = core.process_identity(args.job_pid)
     if args.retries < 1:
         raise core.UsageError("--retries must be at least 1")
-    for flag, value in (("--pre-stop-cmd", args.pre_stop_cmd), ("--fallback-stop-cmd", args.fallback_stop_cmd)):
-        if value is not None:
-            split_cmd(value, flag)
-    warnings = []
     profile = args.profile
     if not profile:
         profile = core.read_json(os.path.join(run_dir, "run.json")).get("profile") or None
-    cfg["profile"] = profile if isinstance(profile, str) else None
-    if args.stop_cmd is not None:
-        split_cmd(args.stop_cmd, "--stop-cmd")
-        cfg.update(stop_cmd=args.stop_cmd, stop_cmd_source="--stop-cmd", destructive=args.stop_cmd_destructive)
-    elif cfg["profile"]:
-        try:
-            defaults = core.profile_defaults(cfg["profile"])
-        except core.UsageError as exc:
-            if args.profile:
-                raise
-            defaults = None
-            warnings.append("profile %s from run.json: %s" % (cfg["profile"], exc))
-        if defaults and defaults.get("METER_STOP_CMD"):
-            split_cmd(defaults["METER_STOP_CMD"], "METER_STOP_CMD of profile %s" % profile)
-            cfg.update(stop_cmd=defaults["METER_STOP_CMD"], stop_cmd_source="profile:%s" % profile,
-                       destructive=defaults.get("METER_STOP_DESTRUCTIVE") == "true")
-            if defaults.get("METER_STOP_NEEDS"):
-                cfg["stop_cmd_needs"] = defaults["METER_STOP_NEEDS"]
-    if args.stop_cmd_destructive and args.stop_cmd is None:
-        raise core.UsageError("--stop-cmd-destructive describes --stop-cmd; give --stop-cmd too")
-    word = destructive_word(cfg["stop_cmd"]) if cfg["stop_cmd"] else None
-    if word and not cfg["destructive"]:
-        cfg["destructive"] = True
-        cfg["destructive_inferred_from"] = word
-        warnings.append("NOTE: the stop command looks destructive (%s), so it is treated as destructive (runs "
-                        "only with --allow-destructive and a verified durable sync)" % word)
-    fallback_word = destructive_word(cfg["fallback_stop_cmd"]) if cfg["fallback_stop_cmd"] else None
-    if fallback_word:
-        raise core.UsageError("--fallback-stop-cmd looks destructive (%s): the fallback must be non-destructive"
-                              % fallback_word)
+    profile = profile if isinstance(profile, str) else None
+    plan, warnings = stop_engine.stop_plan(
+        stop_cmd=args.stop_cmd, stop_cmd_destructive=args.stop_cmd_destructive, profile=profile,
+        profile_explicit=bool(args.profile), fallback_stop_cmd=args.fallback_stop_cmd,
+        pre_stop_cmd=args.pre_stop_cmd, confirm_seconds=args.confirm_seconds, dry_run=args.dry_run,
+        allow_destructive=args.allow_destructive)
+    cfg.update(plan)
     if not cfg["stop_cmd"] and not cfg["fallback_stop_cmd"] and profile == "local":
         warnings.append("NOTE: profile local has no platform meter; if this fires it only records why (give "
                         "--stop-cmd to act, e.g. a suspend command)")
@@ -1211,6 +791,36 @@ def build_config(args, run_dir):
                         "refused%s" % (" and the fallback run" if cfg["fallback_stop_cmd"]
                                        else "; with no --fallback-stop-cmd the meter keeps running"))
     return cfg, warnings
+
+
+def cmd_arm(args):
+    run_dir = run_dir_arg(args)
+    cfg, warnings = build_config(args, run_dir)
+    lock_fd = take_lock(run_dir)
+    dm = Deadman(run_dir, cfg, foreground=args.foreground)
+    retire_old_evidence(run_dir, dm.log)
+    runrec.register(run_dir, cfg["registry"])
+    for line in warnings:
+        dm.log(line)
+        sys.stderr.write(line + "\n")
+    if args.foreground:
+        signal.signal(signal.SIGUSR1, dm.on_wake)
+        dm.write_state()
+        if args.json:
+            core.emit_json({"pid": os.getpid(), "run_dir": run_dir, "state": "armed", "foreground": True,
+                            "config": cfg})
+        return dm.loop()
+    try:
+        pid = detach_and_run(dm, lock_fd)
+    except RuntimeError as exc:
+        raise core.CheckFailed("the detached dead-man failed to start: %s (see %s)" % (exc, dm.p("deadman.log")))
+    if args.json:
+        core.emit_json({"pid": pid, "run_dir": run_dir, "state": "armed", "config": cfg})
+    else:
+        print(pid)
+        sys.stderr.write("dead-man armed (pid %d) on %s; stop: %s\n"
+                         % (pid, run_dir, cfg["stop_cmd"] or cfg["fallback_stop_cmd"] or "NONE"))
+    return 0
 
 
 def retire_old_evidence(run_dir, log):
@@ -1290,35 +900,6 @@ def detach_and_run(dm, lock_fd):
         os._exit(rc)
 
 
-def cmd_arm(args):
-    run_dir = run_dir_arg(args)
-    cfg, warnings = build_config(args, run_dir)
-    lock_fd = take_lock(run_dir)
-    dm = Deadman(run_dir, cfg, foreground=args.foreground)
-    retire_old_evidence(run_dir, dm.log)
-    for line in warnings:
-        dm.log(line)
-        sys.stderr.write(line + "\n")
-    if args.foreground:
-        signal.signal(signal.SIGUSR1, dm.on_wake)
-        dm.write_state()
-        if args.json:
-            core.emit_json({"pid": os.getpid(), "run_dir": run_dir, "state": "armed", "foreground": True,
-                            "config": cfg})
-        return dm.loop()
-    try:
-        pid = detach_and_run(dm, lock_fd)
-    except RuntimeError as exc:
-        raise core.CheckFailed("the detached dead-man failed to start: %s (see %s)" % (exc, dm.p("deadman.log")))
-    if args.json:
-        core.emit_json({"pid": pid, "run_dir": run_dir, "state": "armed", "config": cfg})
-    else:
-        print(pid)
-        sys.stderr.write("dead-man armed (pid %d) on %s; stop: %s\n"
-                         % (pid, run_dir, cfg["stop_cmd"] or cfg["fallback_stop_cmd"] or "NONE"))
-    return 0
-
-
 def cmd_ack(args):
     run_dir = run_dir_arg(args)
     if args.disarm:
@@ -1394,51 +975,30 @@ def build_parser():
                       epilog="Run `deadman.py arm --help` for every option.")
     sub = top.add_subparsers(dest="cmd", parser_class=core.Parser)
 
-    arm = sub.add_parser("arm", help="start watching a run dir (detaches unless --foreground)")
-    arm.add_argument("--run-dir", required=True)
-    arm.add_argument("--stall-minutes", type=fnum(), default=core.DEFAULT_STALL_MINUTES,
-                     help="fire when the job is alive but heartbeat.json/job.log are this old (0 = off; %g)"
-                          % core.DEFAULT_STALL_MINUTES)
-    arm.add_argument("--grace-minutes", type=fnum(), default=15.0,
-                     help="fire this long after the job ended unless acknowledged (15)")
-    arm.add_argument("--max-hours", type=fnum(), default=0.0, help="wall-clock cap since arming (0 = off)")
-    arm.add_argument("--wait-ssh", action="store_true",
-                     help="also wait while SSH sessions are open (SkyPilot's jobs_and_ssh idea), bounded below")
-    arm.add_argument("--ssh-wait-max-minutes", type=fnum(positive=True), default=60.0,
-                     help="open SSH sessions delay the firing by at most this much (60; always on)")
-    arm.add_argument("--ssh-idle-minutes", type=fnum(), default=30.0,
-                     help="an SSH session with no traffic for this long stops counting (30; 0 = off)")
-    arm.add_argument("--profile", help="read METER_STOP_CMD/METER_STOP_DESTRUCTIVE from this profile")
-    arm.add_argument("--stop-cmd", help="argv string run to stop the meter (overrides the profile)")
+    arm = sub.add_parser("arm", help="start watching a run dir (detaches unless --foreground)",
+                         epilog="Exit codes: 0 armed (or fired and stopped, with --foreground), 1 fired and the "
+                                "stop failed or was not confirmed, 2 usage, 3 refused.")
+    arm.add_argument("--run-dir", required=True, help="the run dir to watch (DURABLE/runs/RUN_ID)")
+    arm.add_argument("--profile", help="read METER_STOP_CMD/METER_STOP_DESTRUCTIVE from this profile "
+                                       "(default: the profile in run.json)")
+    arm.add_argument("--stop-cmd", help="argv string run to stop the meter (overrides the profile; $VAR allowed)")
     arm.add_argument("--stop-cmd-destructive", action="store_true", help="--stop-cmd deletes data")
-    arm.add_argument("--allow-destructive", action="store_true",
-                     help="permit a destructive stop, and only after the durable sync re-verifies")
-    arm.add_argument("--fallback-stop-cmd",
-                     help="non-destructive argv string used when the stop is refused or fails every attempt")
-    arm.add_argument("--pre-stop-cmd", help="argv string run before the stop (e.g. a last sync)")
-    arm.add_argument("--pre-stop-timeout", type=fnum(), default=300.0, help="seconds (300)")
-    arm.add_argument("--retries", type=int, default=3, help="attempts of the stop, and of the fallback (3)")
-    arm.add_argument("--retry-backoff", type=fnum(), default=10.0, help="seconds before retry 2; doubles (10)")
-    arm.add_argument("--stop-timeout", type=fnum(), default=120.0, help="hard seconds per stop attempt (120)")
-    arm.add_argument("--term-grace-seconds", type=fnum(), default=30.0,
-                     help="after SIGTERM to a live job's process group, wait this long for its checkpoint (30)")
-    arm.add_argument("--sync-wait-seconds", type=fnum(), default=300.0,
-                     help="then wait this long for the supervisor's durable sync to finish (300)")
+    add_watch_options(arm)
     arm.add_argument("--job-pid", type=int, help="watch this pid when status.json has none")
-    arm.add_argument("--poll-seconds", type=fnum(positive=True), default=30.0, help="check interval (30)")
-    arm.add_argument("--dry-run", action="store_true", help="on firing, record what would happen; run nothing")
-    arm.add_argument("--foreground", action="store_true", help="do not detach")
+    arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
     arm.add_argument("--json", action="store_true", help="print the armed dead-man as JSON")
 
-    ack = sub.add_parser("ack", help="postpone (default: by the armed grace) or disarm")
-    ack.add_argument("--run-dir", required=True)
+    ack = sub.add_parser("ack", help="postpone (default: by the armed grace) or disarm",
+                         epilog="Exit codes: 0 written, 2 usage.")
+    ack.add_argument("--run-dir", required=True, help="the run dir whose dead-man to acknowledge")
     group = ack.add_mutually_exclusive_group()
     group.add_argument("--postpone-minutes", type=fnum(), help="no firing before now + M minutes")
     group.add_argument("--disarm", action="store_true", help="the dead-man exits cleanly")
     ack.add_argument("--json", action="store_true", help="print the ACK written as JSON")
 
-    st = sub.add_parser("status", help="is a dead-man watching this run? (0 armed, 1 nothing, 7 fired)")
-    st.add_argument("--run-dir", required=True)
+    st = sub.add_parser("status", help="is a dead-man watching this run? (0 armed, 1 nothing, 7 fired)",
+                        epilog="Exit codes: 0 armed and alive, 1 nothing watches, 7 fired, 2 usage.")
+    st.add_argument("--run-dir", required=True, help="the run dir to ask about")
     st.add_argument("--json", action="store_true", help="print every field as JSON")
     return top
 

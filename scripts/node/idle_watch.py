@@ -1,48 +1,64 @@
 #!/usr/bin/env python3
-"""idle_watch.py: the dead-man for a box with no run: stop the meter when nothing uses it.
+"""idle_watch.py: the dead-man's idle-box mode: stop the meter when nothing uses the box.
+
+Guarantee: a box left on with nothing to do is stopped through the same stop engine as the run
+dead-man (arm-time checks, $VAR from PID 1, retries, fallback, confirmation, escalation); a
+reading it cannot make counts as busy, and the wall-clock cap (--max-hours) still holds.
 
 The most common money loss is a box left on with nothing to do (a notebook, an ad-hoc SSH session
-that ended, a finished run nobody watched). The run dead-man needs a run; this one needs none. It
+that ended, a finished run nobody watched). The run dead-man needs a run; this mode needs none. It
 fires when ALL of these held for --idle-minutes without a break:
   - every GPU reads below --util-below percent; a reading that fails or hangs counts as busy (no
-    evidence of idleness, no stop). --no-gpu drops this test on a CPU-only box. The reading:
+    evidence of idleness). --no-gpu drops this test on a CPU-only box. The reading:
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits
-  - no SSH session is open (sshd session processes in /proc), unless --ignore-ssh;
-  - no run is active in any --runs-dir (status.json in starting/running/stalled/syncing with its
-    supervisor alive). Give the durable runs dir so a run launched later keeps the box busy.
-Firing runs --stop-cmd once (split with shlex, no shell) and writes IDLE_FIRED.json; --dry-run
-only writes what it would run. A stop command that looks destructive (terminate, destroy, rm ...)
-is refused unless --allow-destructive: an idle box can still hold the only copy of a result.
+  - no SSH session holds it (sessions.py, the dead-man's rule: tunnels such as `ssh -N -L` count;
+    a session with no traffic for --ssh-idle-minutes stops counting; all of them stop counting
+    --ssh-wait-max-minutes after they first held it), unless --ignore-ssh;
+  - no run on the box is active (the box registry plus each --runs-dir) while watched by its own
+    dead-man or still progressing (a hung, unwatched run does not keep the box billing).
+It also fires at --max-hours since arming, whatever the readings say.
+
+The stop is the profile's METER_STOP_CMD (--profile) or --stop-cmd, run by stop_engine.py: checked
+when armed (a command that cannot run here is refused then), a script without "#!" run through
+/bin/sh, up to --retries attempts with backoff, then --fallback-stop-cmd; a stop meant to end the
+machine is NOT CONFIRMED when this box is still up --confirm-seconds later. A destructive stop
+(terminate, destroy, rm ...) is refused when armed unless --allow-destructive: an idle box can still
+hold the only copy of a result.
 
 Usage:
-  idle_watch.py arm --watch-dir DIR --stop-cmd CMD [--idle-minutes M] [--util-below P]
+  idle_watch.py arm --watch-dir DIR (--stop-cmd CMD | --profile NAME) [--idle-minutes M] [--util-below P]
                     [--runs-dir DIR]... [--poll-seconds S] [--gpu-timeout S] [--no-gpu] [--ignore-ssh]
+                    [--max-hours H] [--fallback-stop-cmd CMD] [--pre-stop-cmd CMD] [--pre-stop-timeout S]
+                    [--retries N] [--retry-backoff S] [--stop-timeout S] [--confirm-seconds S]
+                    [--ssh-idle-minutes M] [--ssh-wait-max-minutes M] [--registry DIR]
                     [--allow-destructive] [--dry-run] [--foreground] [--json]
   idle_watch.py status --watch-dir DIR [--json]
   idle_watch.py disarm --watch-dir DIR
 
   python3 idle_watch.py arm --watch-dir ~/rgt/idle --runs-dir /workspace/durable/runs \\
-      --stop-cmd 'runpodctl stop pod "$RUNPOD_POD_ID"' --idle-minutes 30
+      --stop-cmd 'runpodctl stop pod $RUNPOD_POD_ID' --idle-minutes 30
 
-arm detaches (double fork, own session: it survives the SSH session) and prints its pid; the
-state (idle_watch.json: each tick's busy reasons and the idle time so far) and the log
-(deadman.log) stay in --watch-dir. Defaults: --idle-minutes 30, --util-below 10, --poll-seconds 30,
---gpu-timeout 20. One watcher per watch dir.
+arm detaches (double fork, own session: it survives the SSH session) and prints its pid; the state
+(idle_watch.json), the firing record (IDLE_FIRED.json: attempts, ok, confirmed) and the log
+(deadman.log) stay in --watch-dir. One watcher per watch dir.
 
-Exit codes: 0 armed / status printed / disarmed; 1 a check failed; 2 usage; 3 refused (a watcher
-already runs there, or a destructive stop without --allow-destructive).
+Exit codes: 0 armed / status printed / disarmed (with --foreground: 0 fired and stopped), 1 a check
+failed (with --foreground: the stop failed or was not confirmed); 2 usage; 3 refused (a watcher
+already runs there, a destructive stop without --allow-destructive, or a stop that cannot run here).
 """
-import json
+import argparse
 import os
 import shlex
-import signal
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import rgt_core as core  # noqa: E402
-import deadman  # noqa: E402  (ssh session detection, destructive-command inference, detaching)
+import deadman  # noqa: E402  (the watcher, its options, its lock and detaching)
+import runrec  # noqa: E402
+import sessions  # noqa: E402
+import stop_engine  # noqa: E402
 
 STATE = "idle_watch.json"
 FIRED = "IDLE_FIRED.json"
@@ -68,77 +84,75 @@ def gpu_busy(timeout, util_below):
     return "GPU utilization %s%% (threshold %g%%)" % ("/".join("%g" % v for v in values), util_below) if busy else None
 
 
-class IdleWatch(object):
-    def __init__(self, watch_dir, cfg):
-        self.dir, self.cfg = watch_dir, cfg
+class IdleWatch(deadman.Watcher):
+    """The idle rule on the dead-man's guarded loop; the stop is the dead-man's (Watcher.fire)."""
+
+    NAME = "idle_watch"
+    STATE_FILE = STATE
+    FIRED_FILE = FIRED
+
+    def __init__(self, watch_dir, cfg, foreground=False):
+        deadman.Watcher.__init__(self, watch_dir, cfg, foreground)
         self.idle_since = None   # monotonic: a wall-clock jump neither delays nor hastens a firing
         self.ticks = 0
-        self.stop = False
+        self.busy = []
+        self.ssh = sessions.SshRule(cfg.get("ssh_idle_minutes"), cfg.get("ssh_wait_max_minutes"))
 
-    def p(self, name):
-        return os.path.join(self.dir, name)
+    def state_doc(self):
+        doc = deadman.Watcher.state_doc(self)
+        doc.update(state=self.state.upper() if self.state != "armed" else "ARMED", ticks=self.ticks,
+                   busy=list(self.busy), idle_seconds=round(self.idle_for(time.monotonic()), 1))
+        return doc
 
-    def log(self, msg):
-        with open(self.p("deadman.log"), "a") as fh:
-            fh.write("%s idle_watch[%d] %s\n" % (core.utc_iso(), os.getpid(), msg))
+    def idle_for(self, now):
+        return 0.0 if self.idle_since is None else now - self.idle_since
 
-    def write_state(self, reasons=(), idle_s=0.0, word="ARMED"):
-        core.atomic_write_json(self.p(STATE), {
-            "pid": os.getpid(), "identity": core.process_identity(), "state": word, "updated_at": core.utc_iso(),
-            "ticks": self.ticks, "busy": list(reasons), "idle_seconds": round(idle_s, 1), "config": self.cfg})
-
-    def busy_reasons(self):
+    def busy_reasons(self, now):
         cfg, reasons = self.cfg, []
         if not cfg["no_gpu"]:
             why = gpu_busy(cfg["gpu_timeout"], cfg["util_below"])
             if why:
                 reasons.append(why)
         if not cfg["ignore_ssh"]:
-            sessions = deadman.ssh_sessions() or []
-            if sessions:
-                reasons.append("SSH session(s) open: %s" % ", ".join(s["label"] for s in sessions[:3]))
-        runs = core.active_runs(cfg["runs_dirs"])
+            holding, counted, _idle, _capped = self.ssh.hold(now, sessions.ssh_sessions())
+            if holding:
+                reasons.append("SSH session(s) open: %s" % ", ".join(counted[:3]))
+        runs = [n["name"] for n in runrec.active_neighbours((), cfg["runs_dirs"], None, cfg.get("registry"))
+                if n["watched"] or n["progressing"]]
         if runs:
             reasons.append("active run(s): %s" % ", ".join(runs[:5]))
         return reasons
 
-    def loop(self):
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop", True))
-        self.log("armed: %s" % json.dumps(self.cfg, sort_keys=True))
-        while not self.stop:
-            if os.path.exists(self.p(DISARM)):
-                self.log("disarmed")
-                self.write_state(word="DISARMED")
-                return 0
-            reasons = self.busy_reasons()
-            now = time.monotonic()
-            self.ticks += 1
-            if reasons:
-                if self.idle_since is not None:
-                    self.log("busy again: %s" % "; ".join(reasons))
-                self.idle_since = None
-            elif self.idle_since is None:
-                self.idle_since = now
-                self.log("idle: no GPU use, no SSH session, no active run")
-            idle_s = 0.0 if self.idle_since is None else now - self.idle_since
-            self.write_state(reasons, idle_s)
-            if self.idle_since is not None and idle_s >= self.cfg["idle_minutes"] * 60:
-                return self.fire(idle_s)
-            time.sleep(self.cfg["poll_seconds"])
-        self.write_state(word="EXITED")
-        return 0
+    def evaluate(self, now):
+        if os.path.exists(self.p(DISARM)):
+            return "disarm", "IDLE_DISARM written", None, False
+        self.ticks += 1
+        cap = self.cap_reached(now)
+        if cap:
+            return cap
+        self.busy = self.busy_reasons(now)
+        if self.busy:
+            if self.idle_since is not None:
+                self.log("busy again: %s" % "; ".join(self.busy))
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = now
+            self.log("idle: no GPU use, no SSH session holding, no active run")
+        self.write_state()
+        idle_s = self.idle_for(now)
+        if self.idle_since is not None and idle_s >= self.cfg["idle_minutes"] * 60:
+            return "idle_box", "idle for %.0f s (limit %g min)" % (idle_s, self.cfg["idle_minutes"]), None, False
+        return None
 
-    def fire(self, idle_s):
-        argv = self.cfg["stop_argv"]
-        record = {"reason": "idle_box", "idle_seconds": round(idle_s, 1), "fired_at": core.utc_iso(),
-                  "stop_cmd": argv, "dry_run": self.cfg["dry_run"], "rc": None}
-        if not self.cfg["dry_run"]:
-            res = core.run_bounded(argv, 300)
-            record.update(rc=res.rc, output_tail=res.output[-2000:], error=res.error)
-        core.atomic_write_json(self.p(FIRED), record)
-        self.log("FIRED after %.0f s idle: %s%s" % (idle_s, " ".join(argv), " (dry run)" if self.cfg["dry_run"] else ""))
-        self.write_state(word="FIRED", idle_s=idle_s)
-        return 0
+    def fire(self, reason, detail, job_pid=None, job_alive=False):
+        rc = deadman.Watcher.fire(self, reason, detail)
+        fired = self.fired or {}
+        # One-line fields older readers use: the last attempt's exit code and the idle time.
+        last = (fired.get("fallback") or {}).get("attempts") or fired.get("attempts") or [{}]
+        fired.update(rc=last[-1].get("rc"), idle_seconds=round(self.idle_for(time.monotonic()), 1),
+                     stop_cmd=self.cfg.get("stop_cmd"))
+        self.save_fired()
+        return rc
 
 
 def watch_dir_arg(args, create=False):
@@ -160,15 +174,34 @@ def live_watcher(watch_dir):
     return None
 
 
-def cmd_arm(args):
-    argv = deadman.split_cmd(args.stop_cmd, "--stop-cmd")
-    why = deadman.destructive_word(argv)
-    if why and not args.allow_destructive:
-        raise core.Refused("--stop-cmd looks destructive (%s); an idle box may still hold the only copy of a "
-                           "result. Use the platform's stop/pause action, or add --allow-destructive" % why)
+def build_config(args):
+    if not args.stop_cmd and not args.profile:
+        raise core.UsageError("give --stop-cmd CMD or --profile NAME (whose METER_STOP_CMD stops this box)")
     for runs in args.runs_dir:
         if not os.path.isdir(os.path.expanduser(runs)):
             raise core.UsageError("--runs-dir %s is not a directory" % runs)
+    if args.retries < 1:
+        raise core.UsageError("--retries must be at least 1")
+    plan, warnings = stop_engine.stop_plan(
+        stop_cmd=args.stop_cmd, profile=args.profile, profile_explicit=bool(args.profile),
+        fallback_stop_cmd=args.fallback_stop_cmd, pre_stop_cmd=args.pre_stop_cmd,
+        confirm_seconds=args.confirm_seconds, dry_run=args.dry_run, allow_destructive=args.allow_destructive)
+    if plan["destructive"] and not args.allow_destructive:
+        raise core.Refused("the stop looks destructive (%s); an idle box may still hold the only copy of a "
+                           "result. Use the platform's stop/pause action, or add --allow-destructive"
+                           % (plan.get("destructive_inferred_from") or "declared destructive"))
+    cfg = {key: getattr(args, key) for key, _f, _k, _d, _t in deadman.WATCH_OPTIONS if hasattr(args, key)}
+    cfg.update(plan)
+    cfg.update(idle_minutes=args.idle_minutes, util_below=args.util_below, gpu_timeout=args.gpu_timeout,
+               no_gpu=args.no_gpu, ignore_ssh=args.ignore_ssh, max_hours=args.max_hours or 0.0,
+               runs_dirs=[os.path.abspath(os.path.expanduser(r)) for r in args.runs_dir],
+               registry=os.path.abspath(args.registry) if args.registry else runrec.registry_dir(),
+               stall_minutes=core.DEFAULT_STALL_MINUTES, term_grace_seconds=0.0, sync_wait_seconds=0.0)
+    return cfg, warnings
+
+
+def cmd_arm(args):
+    cfg, warnings = build_config(args)
     watch_dir = watch_dir_arg(args, create=True)  # only once the arguments hold: a refusal leaves nothing
     live = live_watcher(watch_dir)
     if live:
@@ -176,11 +209,10 @@ def cmd_arm(args):
     for stale in (DISARM, FIRED):
         if os.path.exists(os.path.join(watch_dir, stale)):
             os.unlink(os.path.join(watch_dir, stale))
-    cfg = {"stop_argv": argv, "idle_minutes": args.idle_minutes, "util_below": args.util_below,
-           "runs_dirs": [os.path.abspath(os.path.expanduser(r)) for r in args.runs_dir],
-           "poll_seconds": args.poll_seconds, "gpu_timeout": args.gpu_timeout, "no_gpu": args.no_gpu,
-           "ignore_ssh": args.ignore_ssh, "dry_run": args.dry_run}
-    watch = IdleWatch(watch_dir, cfg)
+    watch = IdleWatch(watch_dir, cfg, foreground=args.foreground)
+    for line in warnings:
+        watch.log(line)
+        sys.stderr.write(line + "\n")
     lock_fd = deadman.take_lock(watch_dir)  # one watcher per dir, also against a racing arm
     if args.foreground:
         return watch.loop()
@@ -193,7 +225,7 @@ def cmd_arm(args):
     else:
         print(pid)
         sys.stderr.write("idle watcher armed (pid %d): stop after %g min idle: %s\n"
-                         % (pid, args.idle_minutes, " ".join(shlex.quote(a) for a in argv)))
+                         % (pid, args.idle_minutes, cfg.get("stop_cmd") or cfg.get("fallback_stop_cmd")))
     return 0
 
 
@@ -204,13 +236,23 @@ def cmd_status(args):
     word = state.get("state") or "NONE"
     if word == "ARMED" and not core.identity_alive(state.get("identity")):
         word = "DOWN"
+    if fired:
+        word = "FIRED"
     out = {"watch_dir": watch_dir, "state": word, "pid": state.get("pid"), "ticks": state.get("ticks"),
-           "busy": state.get("busy"), "idle_seconds": state.get("idle_seconds"), "fired": fired or None}
+           "busy": state.get("busy"), "idle_seconds": state.get("idle_seconds"), "fired": fired or None,
+           "loaded_version": state.get("loaded_version"), "toolkit_version": core.toolkit_version()}
     if args.json:
         core.emit_json(out)
-    else:
-        print("%s idle watcher in %s: %s" % (word, watch_dir, "; ".join(out["busy"] or []) or
-                                             "idle %ss" % out["idle_seconds"]))
+        return 0
+    if fired:
+        confirmed = fired.get("confirmed")
+        tail = "stop ok=%s confirmed=%s: %s" % (fired.get("ok"), confirmed, fired.get("message") or "")
+        if confirmed is False:
+            tail = "%s: %s" % (stop_engine.NOT_CONFIRMED, tail)
+        print("FIRED idle watcher in %s: %s" % (watch_dir, tail))
+        return 0 if fired.get("ok") else 1
+    print("%s idle watcher in %s: %s" % (word, watch_dir, "; ".join(out["busy"] or []) or
+                                         "idle %ss" % out["idle_seconds"]))
     return 0
 
 
@@ -223,27 +265,35 @@ def cmd_disarm(args):
 
 
 def build_parser():
-    parser = core.Parser(prog="idle_watch.py", description="Stop the meter when the box has stayed idle.")
+    parser = core.Parser(prog="idle_watch.py", description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    arm = sub.add_parser("arm", help="start the watcher (detached)")
-    arm.add_argument("--watch-dir", required=True)
-    arm.add_argument("--stop-cmd", required=True)
-    arm.add_argument("--idle-minutes", type=core.arg_number(float, 0, 1e6, low_open=True), default=30.0)
-    arm.add_argument("--util-below", type=core.arg_number(float, 0, 100, low_open=True), default=10.0)
-    arm.add_argument("--runs-dir", action="append", default=[])
-    arm.add_argument("--poll-seconds", type=core.arg_number(float, 0, 3600, low_open=True), default=30.0)
-    arm.add_argument("--gpu-timeout", type=core.arg_number(float, 0, 600, low_open=True), default=20.0)
-    arm.add_argument("--no-gpu", action="store_true")
-    arm.add_argument("--ignore-ssh", action="store_true")
-    arm.add_argument("--allow-destructive", action="store_true")
-    arm.add_argument("--dry-run", action="store_true")
-    arm.add_argument("--foreground", action="store_true")
-    arm.add_argument("--json", action="store_true")
-    status = sub.add_parser("status", help="print the watcher's state")
-    status.add_argument("--watch-dir", required=True)
-    status.add_argument("--json", action="store_true")
-    disarm = sub.add_parser("disarm", help="stop the watcher at its next tick")
-    disarm.add_argument("--watch-dir", required=True)
+    arm = sub.add_parser("arm", help="start the watcher (detached)",
+                         epilog="Exit codes: 0 armed, 1 (--foreground) the stop failed or was not confirmed, "
+                                "2 usage, 3 refused.")
+    arm.add_argument("--watch-dir", required=True, help="folder for the watcher's state, record and log")
+    arm.add_argument("--stop-cmd", help="argv string that stops this box's meter ($VAR allowed)")
+    arm.add_argument("--profile", help="use this profile's METER_STOP_CMD as the stop")
+    arm.add_argument("--idle-minutes", type=core.arg_number(float, 0, 1e6, low_open=True), default=30.0,
+                     help="fire after the box stayed idle this long (30)")
+    arm.add_argument("--util-below", type=core.arg_number(float, 0, 100, low_open=True), default=10.0,
+                     help="a GPU under this utilization percent counts as idle (10)")
+    arm.add_argument("--runs-dir", action="append", default=[],
+                     help="a runs dir whose active runs keep the box busy (repeatable; the box registry always counts)")
+    arm.add_argument("--gpu-timeout", type=core.arg_number(float, 0, 600, low_open=True), default=20.0,
+                     help="seconds nvidia-smi may take; no reading counts as busy (20)")
+    arm.add_argument("--no-gpu", action="store_true", help="a CPU-only box: skip the GPU reading")
+    arm.add_argument("--ignore-ssh", action="store_true", help="SSH sessions never keep the box busy")
+    deadman.add_watch_options(arm, skip=("stall_minutes", "grace_minutes", "wait_ssh", "term_grace_seconds",
+                                         "sync_wait_seconds"))
+    arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
+    arm.add_argument("--json", action="store_true", help="print the armed watcher as JSON")
+    status = sub.add_parser("status", help="print the watcher's state",
+                            epilog="Exit codes: 0 printed (1 when it fired and the stop failed), 2 usage.")
+    status.add_argument("--watch-dir", required=True, help="the folder given to arm")
+    status.add_argument("--json", action="store_true", help="print every field as JSON")
+    disarm = sub.add_parser("disarm", help="stop the watcher at its next tick", epilog="Exit codes: 0, 2 usage.")
+    disarm.add_argument("--watch-dir", required=True, help="the folder given to arm")
     return parser
 
 

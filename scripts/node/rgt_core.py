@@ -50,7 +50,7 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 # The one status vocabulary. Check results use the first row; run states the second.
 OK, FAIL, REFUSED, STALE, WARN, SKIP = "OK", "FAIL", "REFUSED", "STALE", "WARN", "SKIP"
 RUN_STATES = ("starting", "running", "stalled", "syncing", "succeeded", "failed", "sync_failed",
-              "deadman_fired")
+              "interrupted", "deadman_fired")  # runrec.STATES is the same set, with its subsets
 
 DEFAULT_MIN_FREE_INODES = 10000
 DEFAULT_STALL_MINUTES = 30.0
@@ -289,6 +289,49 @@ def atomic_write_json(path, obj):
     atomic_write(path, dumps(obj))
 
 
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+RESERVE_BYTES = 256 << 10
+
+
+def make_reserve(path, size=RESERVE_BYTES):
+    """Hold SIZE real bytes at PATH (written, not sparse) so a full disk can be given room back."""
+    try:
+        with open(path, "wb") as handle:
+            handle.write(b"\0" * size)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return True
+    except OSError:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return False
+
+
+def release_reserve(path):
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def write_json_best_effort(path, obj, reserve=None):
+    """atomic_write_json that never raises: on a full or read-only disk the RESERVE file (if any) is
+    given up and the write tried once more. Returns None, or why it could not be written."""
+    for attempt in (0, 1):
+        try:
+            atomic_write_json(path, obj)
+            return None
+        except (OSError, UsageError) as exc:
+            error = "cannot write %s: %s" % (os.path.basename(path), getattr(exc, "strerror", None) or exc)
+            full = isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS
+            if attempt or not full or not reserve or not release_reserve(reserve):
+                return error
+    return None
+
+
 def read_json(path, default=None):
     """A JSON object from PATH; DEFAULT (None -> {}) when missing, unreadable, invalid or not an object."""
     try:
@@ -473,10 +516,15 @@ def run_bounded(argv, timeout, env=None, cwd=None, max_output=65536, kill_grace=
     grandchild that keeps the descriptor open cannot make us wait. On timeout the whole process
     group gets SIGTERM, then SIGKILL after KILL_GRACE seconds."""
     start = time.monotonic()
-    with tempfile.TemporaryFile() as out:
+    try:
+        out = tempfile.TemporaryFile()
+    except OSError:  # a full or read-only temp disk must not keep a stop command from running
+        out = None
+    try:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=env, cwd=cwd, start_new_session=True)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                    stdout=out if out is not None else subprocess.DEVNULL,
+                                    stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         except OSError as exc:
             rc = 127 if exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC) else 126
             return Bounded(rc, False, "", time.monotonic() - start, "cannot run %s: %s" % (argv[0], exc.strerror))
@@ -496,8 +544,13 @@ def run_bounded(argv, timeout, env=None, cwd=None, max_output=65536, kill_grace=
                 except subprocess.TimeoutExpired:
                     continue
         seconds = time.monotonic() - start
-        out.seek(0)
-        text = out.read(max_output).decode("utf-8", "replace")
+        text = ""
+        if out is not None:
+            out.seek(0)
+            text = out.read(max_output).decode("utf-8", "replace")
+    finally:
+        if out is not None:
+            out.close()
     return Bounded(None if timed_out else proc.returncode, timed_out, text, seconds)
 
 
@@ -728,26 +781,10 @@ ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")
 
 
 def active_runs(runs_dirs, exclude=()):
-    """The node registry: names of run dirs under RUNS_DIRS (e.g. DURABLE/runs) whose status.json says
-    active and whose supervisor or job is still that same process. EXCLUDE: run dirs to leave out."""
-    skip = {os.path.realpath(p) for p in exclude}
-    found = []
-    for runs in runs_dirs:
-        try:
-            names = sorted(os.listdir(runs))
-        except OSError:
-            continue
-        for name in names:
-            run_dir = os.path.join(runs, name)
-            if os.path.realpath(run_dir) in skip:
-                continue
-            status = read_json(os.path.join(run_dir, "status.json"))
-            if status.get("state") not in ACTIVE_RUN_STATES:
-                continue
-            if (record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-                    or record_alive(status.get("job_identity"), status.get("job_pid"))):
-                found.append(name)
-    return found
+    """Names of the active runs on this box (the box registry plus the run dirs under RUNS_DIRS) whose
+    supervisor or job is still that same process. EXCLUDE: run dirs to leave out. runrec owns the rule."""
+    import runrec  # runrec imports this module
+    return [n["name"] for n in runrec.active_neighbours(exclude, runs_dirs)]
 
 
 def deadman_state(run_dir, check_alive=True):

@@ -223,6 +223,13 @@ def sync_words(r):
     return "outputs verified" + (" (%s)" % amount if amount else "")
 
 
+def stale_daemon(run_dir, dm):
+    """True when a live dead-man runs older code than the toolkit now in its folder (a push after it armed)."""
+    loaded = core.read_json(os.path.join(run_dir, "deadman.json")).get("loaded_version")
+    current = core.toolkit_version()
+    return bool(dm.get("watching") and loaded and current and loaded != current)
+
+
 def deadman_words(dm):
     word = dm["word"]
     if word == "FIRED":
@@ -238,8 +245,13 @@ def one_line(r):
     dm = r["deadman"]
     if r["status"] == "deadman_fired":
         bits.append("reason %s" % (dm.get("fired_reason") or "?"))
-        if dm.get("stop_ok") is not None:
-            bits.append("stop command %s" % ("ok" if dm["stop_ok"] else "FAILED"))
+        if dm.get("stop_confirmed") is False:
+            bits.append("STOP NOT CONFIRMED (the stop exited 0 but this box is still up: stop it by hand)")
+        elif dm.get("dry_run"):
+            bits.append("dry run (nothing was stopped)")
+        elif dm.get("stop_ok") is not None:
+            bits.append("stop command %s%s" % ("ok" if dm["stop_ok"] else "FAILED",
+                                              " (confirmed)" if dm.get("stop_confirmed") else ""))
         bits.append("(job %s)" % (r.get("state") or "?"))
     elif r.get("reason"):
         bits.append(r["reason"])
@@ -274,6 +286,8 @@ def one_line(r):
     shown = deadman_words(dm)
     if shown:
         bits.append(shown)
+    if dm.get("stale_code"):
+        bits.append("deadman runs OLDER CODE (%s) than the pushed toolkit: re-arm it" % dm.get("loaded_version"))
     if r.get("cost_so_far") is not None:
         bits.append("cost ~%.2f over %s" % (r["cost_so_far"], core.human_age(r["cost_hours"] * 3600)))
     bits.append("toolkit %s" % (r.get("toolkit_version") or "unstamped"))
@@ -377,7 +391,10 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                      "watching": dm["watching"], "fired": dm["word"] == "FIRED",
                      "stall_minutes": dm["config"].get("stall_minutes"),
                      "fired_reason": fired.get("reason"), "fired_detail": fired.get("detail"),
-                     "fired_at": fired.get("fired_at"), "stop_ok": fired.get("ok")},
+                     "fired_at": fired.get("fired_at"), "stop_ok": fired.get("ok"),
+                     "stop_confirmed": fired.get("confirmed"), "dry_run": fired.get("dry_run"),
+                     "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
+                     "stale_code": stale_daemon(run_dir, dm)},
          "unwatched": False, "sync": None, "toolkit_version": core.toolkit_version(), "checked_at": core.utc_iso()}
     if same_host:
         r["newest_output_age_s"], r["newest_output"] = newest_output(run)

@@ -76,6 +76,7 @@ import time
 import traceback
 
 import rgt_core as core
+import runrec
 import evidence
 
 try:
@@ -87,11 +88,10 @@ PROG = "run_one.sh"
 STATUS = "status.json"
 RUN = "run.json"
 LOCK_DIR = "run.lock"
-STATUS_LOCK = ".status.lock"
-RESERVE = ".rgt-reserve"
-RESERVE_BYTES = 256 << 10
+STATUS_LOCK = runrec.STATUS_LOCK
+RESERVE = runrec.RESERVE
 PART_SUFFIX = ".rgt-part"
-TERMINAL = ("succeeded", "failed", "sync_failed")
+TERMINAL = runrec.TERMINAL
 LOG_NAMES = ("job.log", "supervisor.log", "deadman.log")
 LOGS_ROSTER = "logs/**"
 # The run's own record, beside the outputs at the top of the results dir, so a pulled copy is a run dir for
@@ -112,58 +112,18 @@ def say(line):
     sys.stderr.flush()
 
 
-# ---------------------------------------------------------------- status.json, under one lock
+# ---------------------------------------------------------------- status.json: runrec owns it
 
-@contextlib.contextmanager
-def status_lock(run_dir):
-    """Exclusive flock on RUN_DIR/.status.lock for a read-modify-write of status.json."""
-    fd = os.open(run_path(run_dir, STATUS_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+status_lock, save_status, set_status = runrec.status_lock, runrec.save_status, runrec.set_status
+attempt_number = runrec.attempt_number
 
 
 def release_reserve(run_dir):
-    try:
-        os.unlink(run_path(run_dir, RESERVE))
-        return True
-    except OSError:
-        return False
-
-
-def save_status(run_dir, doc):
-    """Write status.json; on a full disk give up the reserve file and try once more.
-    Returns None, or the error text when it could not be written at all."""
-    doc["updated_at"] = core.utc_iso()
-    for attempt in (0, 1):
-        try:
-            core.atomic_write_json(run_path(run_dir, STATUS), doc)
-            return None
-        except OSError as exc:
-            error = "cannot write status.json: %s" % (exc.strerror or exc)
-            if attempt or not release_reserve(run_dir):
-                return error
-    return None
-
-
-def set_status(run_dir, **fields):
-    """Update status.json under the lock; never raises for a filesystem error (returns its text)."""
-    try:
-        with status_lock(run_dir):
-            doc = core.read_json(run_path(run_dir, STATUS))
-            doc.update(fields)
-            return save_status(run_dir, doc)
-    except OSError as exc:
-        return "cannot lock status.json: %s" % (exc.strerror or exc)
-    except core.UsageError as exc:   # status.json replaced by a link or a device: refuse, say so
-        return str(exc)
+    return core.release_reserve(run_path(run_dir, RESERVE))
 
 
 def read_status(run_dir):
-    return core.read_json(run_path(run_dir, STATUS))
+    return runrec.status(run_dir)
 
 
 def lock_owner(run_dir):
@@ -235,8 +195,8 @@ def op_gpu_gate(args):
 def move_old_evidence(run_dir):
     """A relaunch in the same run dir keeps the earlier attempt's evidence apart."""
     names = [n for n in ("exit_code", "DEADMAN_FIRED.json", "ACK") if os.path.exists(run_path(run_dir, n))]
-    ran = core.read_json(run_path(run_dir, STATUS)).get("started_at")  # an attempt killed with the box
-    if not names and not ran:
+    # Any earlier status.json is an attempt, also one killed while still starting (finding A13).
+    if not names and not os.path.exists(run_path(run_dir, STATUS)):
         return
     names += [STATUS] if os.path.exists(run_path(run_dir, STATUS)) else []
     prev = os.path.join(run_dir, "previous", "%s-%d" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), os.getpid()))
@@ -336,14 +296,6 @@ def resume_choice(run, restore=False):
         extra = [a.replace("{}", rel) for a in shlex.split(template)]
         return extra, {"from": rel, "args": extra, "skipped": skipped, "restored_from": source}
     return [], {"from": None, "args": [], "skipped": skipped}
-
-
-def attempt_number(run_dir):
-    """1 for a new run dir; N+1 when N earlier attempts were moved to previous/."""
-    try:
-        return 1 + len([n for n in os.listdir(os.path.join(run_dir, "previous")) if not n.startswith(".")])
-    except OSError:
-        return 1
 
 
 def op_init(args):
@@ -805,11 +757,7 @@ class Supervisor(object):
         return None
 
     def make_reserve(self):
-        try:
-            with open(run_path(self.run_dir, RESERVE), "wb") as handle:
-                handle.write(b"\0" * RESERVE_BYTES)
-        except OSError:
-            unlink_quiet(run_path(self.run_dir, RESERVE))
+        runrec.make_reserve(self.run_dir)
 
     def start_job(self, run):
         cmd, cwd = run.get("cmd") or [], run.get("cwd") or ""

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""The run record: one module owns a run's layout, states, liveness, attempt number and status writes.
+
+Guarantee: every status.json write goes through set_status/save_status under RUN_DIR/.status.lock
+with an allowed transition, survives a full disk by giving up a reserve file, and every reader gets
+the same answer to "is this run alive" (pid + start time + boot id) and "which attempt is this".
+A torn or unreadable status.json is UNREADABLE, never "no job". The box keeps one registry of run
+dirs (whatever durable dir they live under) so a watcher sees every run on the box.
+
+Schema: status.schema.json beside this file. A library module (no command line).
+"""
+import contextlib
+import hashlib
+import json
+import os
+import time
+
+import rgt_core as core
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+STATUS = "status.json"
+RUN = "run.json"
+STATUS_LOCK = ".status.lock"
+RESERVE = ".rgt-reserve"
+PREVIOUS = "previous"
+SCHEMA_VERSION = 1
+
+ACTIVE = ("starting", "running", "stalled", "syncing")
+TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted")
+STATES = ACTIVE + TERMINAL + ("deadman_fired",)
+# Which state may follow which within one attempt (a new attempt starts over with init()).
+ALLOWED = {
+    None: set(STATES),
+    "starting": {"starting", "running", "syncing", "failed", "succeeded", "sync_failed", "interrupted"},
+    "running": {"running", "stalled", "syncing", "failed", "succeeded", "sync_failed", "interrupted"},
+    "stalled": {"running", "stalled", "syncing", "failed", "succeeded", "sync_failed", "interrupted"},
+    "syncing": {"syncing", "succeeded", "failed", "sync_failed", "interrupted"},
+}
+for _t in TERMINAL + ("deadman_fired",):
+    ALLOWED[_t] = set(TERMINAL) | {"deadman_fired"}   # a sweep may re-sync a finished run, never revive it
+
+
+def path(run_dir, name=STATUS):
+    return os.path.join(run_dir, name)
+
+
+def layout(durable_dir, run_id):
+    """{"runs_dir", "run_dir", "results_dir"}: where a run lives under a durable dir."""
+    return {"runs_dir": os.path.join(durable_dir, "runs"), "run_dir": os.path.join(durable_dir, "runs", run_id),
+            "results_dir": os.path.join(durable_dir, "results", run_id)}
+
+
+# ---------------------------------------------------------------- reading
+
+def read_status(run_dir):
+    """(doc, problem): doc {} with problem None when there is no status.json yet; doc None with a
+    problem when it exists but cannot be read or parsed (torn by a full disk, hand-edited)."""
+    p = path(run_dir)
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return None, "cannot read %s: %s" % (p, exc.strerror or exc)
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, "%s is not valid JSON (%s): torn or damaged" % (p, exc)
+    if not isinstance(doc, dict):
+        return None, "%s is not a JSON object" % p
+    return doc, None
+
+
+def status(run_dir):
+    """status.json as a dict ({} when absent or unreadable): for readers that only print."""
+    doc, _problem = read_status(run_dir)
+    return doc or {}
+
+
+# ---------------------------------------------------------------- liveness
+
+def liveness(doc, fallback_pid=None, fallback_identity=None):
+    """(job_pid, job_alive, helper_alive) for a status doc: pid + start time + boot id, reuse caught."""
+    started = core.parse_iso(doc.get("started_at"))
+    if doc.get("job_pid"):
+        job_pid, ident = doc.get("job_pid"), doc.get("job_identity")
+    else:
+        job_pid, ident = fallback_pid, fallback_identity
+    job_alive = bool(job_pid) and core.record_alive(ident, job_pid, started)
+    helper_alive = any(core.record_alive(doc.get(k + "_identity"), doc.get(k + "_pid"), started)
+                       for k in ("supervisor", "launcher") if doc.get(k + "_pid"))
+    return job_pid, job_alive, helper_alive
+
+
+def is_active(doc):
+    """Active state and its supervisor or job still that same process."""
+    if doc.get("state") not in ACTIVE:
+        return False
+    return bool(core.record_alive(doc.get("supervisor_identity"), doc.get("supervisor_pid"))
+                or core.record_alive(doc.get("job_identity"), doc.get("job_pid")))
+
+
+def attempt_number(run_dir):
+    """1 for a new run dir; N+1 when N earlier attempts were moved to previous/."""
+    try:
+        return 1 + len([n for n in os.listdir(path(run_dir, PREVIOUS)) if not n.startswith(".")])
+    except OSError:
+        return 1
+
+
+# ---------------------------------------------------------------- writing, under one lock
+
+@contextlib.contextmanager
+def status_lock(run_dir):
+    """Exclusive flock on RUN_DIR/.status.lock for a read-modify-write of status.json."""
+    fd = os.open(path(run_dir, STATUS_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def save_status(run_dir, doc):
+    """Write status.json (caller holds the lock); on a full disk give up the reserve and try once more.
+    Returns None, or the error text when it could not be written at all."""
+    doc["updated_at"] = core.utc_iso()
+    doc.setdefault("schema_version", SCHEMA_VERSION)
+    return core.write_json_best_effort(path(run_dir), doc, reserve=path(run_dir, RESERVE))
+
+
+def transition_problem(old, new):
+    if new is None or new == old:
+        return None
+    if new not in STATES:
+        return "unknown run state %r" % new
+    if new not in ALLOWED.get(old, set(STATES)):
+        return "status.json: %s -> %s is not an allowed transition" % (old, new)
+    return None
+
+
+def set_status(run_dir, **fields):
+    """Update status.json under the lock; never raises for a filesystem error (returns its text)."""
+    try:
+        with status_lock(run_dir):
+            doc = status(run_dir)
+            problem = transition_problem(doc.get("state"), fields.get("state"))
+            if problem:
+                return problem
+            doc.update(fields)
+            return save_status(run_dir, doc)
+    except OSError as exc:
+        return "cannot lock status.json: %s" % (exc.strerror or exc)
+    except core.UsageError as exc:   # status.json replaced by a link or a device: refuse, say so
+        return str(exc)
+
+
+def make_reserve(run_dir):
+    return core.make_reserve(path(run_dir, RESERVE))
+
+
+# ---------------------------------------------------------------- the box registry
+
+def registry_dir():
+    """One registry per box: $RGT_REGISTRY, else ~/.rgt/registry (not under any durable dir, so a run
+    under a second durable dir is still seen)."""
+    return os.environ.get("RGT_REGISTRY") or os.path.join(os.path.expanduser("~"), ".rgt", "registry")
+
+
+def register(run_dir, registry=None):
+    """Record RUN_DIR in the box registry (best effort: returns the error text or None)."""
+    reg = registry or registry_dir()
+    run_dir = os.path.realpath(run_dir)
+    name = hashlib.sha256(run_dir.encode("utf-8", "surrogateescape")).hexdigest()[:20] + ".json"
+    try:
+        os.makedirs(reg, exist_ok=True)
+        if os.path.exists(os.path.join(reg, name)):
+            return None
+    except OSError as exc:
+        return "cannot use the run registry %s: %s" % (reg, exc.strerror or exc)
+    return core.write_json_best_effort(os.path.join(reg, name), {"run_dir": run_dir, "at": core.utc_iso()})
+
+
+def registered(registry=None):
+    """Run dirs in the box registry that still exist."""
+    reg = registry or registry_dir()
+    found = []
+    try:
+        names = sorted(os.listdir(reg))
+    except OSError:
+        return found
+    for name in names:
+        doc = core.read_json(os.path.join(reg, name))
+        run_dir = doc.get("run_dir")
+        if isinstance(run_dir, str) and os.path.isdir(run_dir):
+            found.append(run_dir)
+    return found
+
+
+def box_run_dirs(runs_dirs=(), registry=None):
+    """Every run dir on the box: the registry, plus the run dirs under RUNS_DIRS (older runs)."""
+    seen, out = set(), []
+    listed = []
+    for runs in runs_dirs:
+        try:
+            listed += [os.path.join(runs, n) for n in sorted(os.listdir(runs))]
+        except OSError:
+            continue
+    for run_dir in registered(registry) + listed:
+        real = os.path.realpath(run_dir)
+        if real not in seen and os.path.isdir(run_dir):
+            seen.add(real)
+            out.append(run_dir)
+    return out
+
+
+def neighbour(run_dir, stall_minutes):
+    """How another run on the box looks to a watcher: {name, run_dir, active, watched, progressing}.
+    watched: its own dead-man is armed and alive; progressing: its heartbeat/log moved within
+    STALL_MINUTES (a hung, unwatched neighbour must not hold the box on forever)."""
+    doc, problem = read_status(run_dir)
+    active = problem is None and is_active(doc or {})
+    info = {"name": os.path.basename(run_dir), "run_dir": run_dir, "active": active, "watched": False,
+            "progressing": False}
+    if not active:
+        return info
+    info["watched"] = core.deadman_state(run_dir)["watching"]
+    age = core.progress_age(run_dir)
+    info["progressing"] = age is not None and not core.is_stalled(age, stall_minutes or core.DEFAULT_STALL_MINUTES)
+    return info
+
+
+def active_neighbours(exclude=(), runs_dirs=(), stall_minutes=None, registry=None):
+    """Active runs on the box other than EXCLUDE, each with watched/progressing."""
+    skip = {os.path.realpath(p) for p in exclude}
+    out = []
+    for run_dir in box_run_dirs(runs_dirs, registry):
+        if os.path.realpath(run_dir) in skip:
+            continue
+        info = neighbour(run_dir, stall_minutes)
+        if info["active"]:
+            out.append(info)
+    return out
+
+
+def now_iso():
+    return core.utc_iso(time.time())

@@ -1,0 +1,509 @@
+#!/usr/bin/env python3
+"""The one meter-stop engine: plan, run, confirm, retry, fall back, escalate.
+
+Guarantee: a stop counts only when it is confirmed (or cannot be confirmed and says so); a stop
+that cannot run is refused when it is armed, not discovered when it fires; no full or read-only
+disk and no error in record keeping keeps the stop command from running.
+
+Used by every watcher: the run dead-man, its idle-box mode (idle_watch.py) and the boot re-arm
+(which re-arms the dead-man with the same plan). A library module (no command line).
+
+  plan     stop_plan(): the command (explicit, else the profile's METER_STOP_CMD), destructive
+           inference (destructive.py, at arm and again on the expanded argv at fire), $VAR / ${VAR}
+           from the environment then PID 1's (containers keep the platform's ids there), and the
+           program resolved on PATH at arm time. A file that is not a valid executable (a script
+           without "#!", AutoDL's in-container `shutdown` is one) runs through /bin/sh, as a shell
+           would run it; the path found at arm is the one run at fire, never a later one on PATH.
+  run      each attempt under rgt_core.run_bounded (a hard timeout that holds with children),
+           --retries attempts with exponential backoff, then the non-destructive fallback.
+  confirm  by the provider's state where an adapter exists (providers.py), polled up to a cap;
+           otherwise, for a stop meant to end the machine, "this process is still running
+           --confirm-seconds later" means NOT confirmed. A command that is not meant to end the
+           machine (a custom hook) cannot be confirmed: confirmed is null.
+  escalate at the first NOT CONFIRMED and when every stop failed: a record ("escalations") and a
+           notification through notify.py when that module is configured; never blocking.
+
+The fired record (the caller's dict) gains: attempts[], fallback{}, ok, confirmed (true/false/null),
+confirmation{}, escalations[], message.
+"""
+import errno
+import os
+import shlex
+import socket
+import time
+
+import destructive
+import rgt_core as core
+
+UNRESOLVED_VAR = destructive.re.compile(r"\$(\{\w+\}|\w+)")
+NO_STOP_MSG = "no on-node stop command; the meter is still running"
+REFUSED_MSG = "refused: destructive stop without verified durable sync"
+NOT_CONFIRMED = "STOP NOT CONFIRMED"
+# Programs whose success should end this machine (or container): their effect can be confirmed by
+# our own survival. A custom hook (a script that suspends a queue, a test stand-in) cannot.
+ENDS_BOX = {"shutdown", "poweroff", "halt", "runpodctl", "vastai", "init", "telinit"}
+SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+DEFAULT_CONFIRM_SECONDS = 90.0
+DEFAULT_PROVIDER_CAP_SECONDS = 240.0
+SLICE = 0.5
+
+
+def split_cmd(text, what):
+    """shlex-split an argv string; UsageError when empty or unbalanced."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise core.UsageError("%s cannot be split into arguments: %s" % (what, exc))
+    if not argv:
+        raise core.UsageError("%s is empty" % what)
+    return argv
+
+
+def init_environ():
+    """PID 1's environment: in a container it holds what the platform injected (pod or instance ids),
+    which an SSH login shell - and so everything started from it - often does not see."""
+    try:
+        with open("/proc/1/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in pairs}
+
+
+def variable_names(text):
+    return sorted({m.group(1).strip("{}") for m in UNRESOLVED_VAR.finditer(text or "")})
+
+
+def expand_argv(text, environ=None):
+    """argv with $VAR/${VAR} expanded from the environment, then from PID 1's; (argv, [unresolved names])."""
+    tokens = shlex.split(text)
+    names = set(variable_names(text))
+    env = dict(os.environ if environ is None else environ)
+    if names - set(env):
+        extra = init_environ()
+        env.update({k: extra[k] for k in names - set(env) if k in extra})
+
+    def sub(match):
+        return env.get(match.group(1).strip("{}"), match.group(0))
+    argv = [UNRESOLVED_VAR.sub(sub, tok) for tok in tokens]
+    return argv, sorted(n for n in names if n not in env)
+
+
+# ----------------------------------------------------------------------------- the program
+
+def needs_shell(path):
+    """True when PATH is a regular file execve would refuse with ENOEXEC (no "#!", not ELF), or one
+    without the execute bit that a shell can still read: both run through /bin/sh."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return False
+    if not os.access(path, os.X_OK):
+        return True
+    return not (head.startswith(b"#!") or head == b"\x7fELF")
+
+
+def resolve_program(name, search_path=None):
+    """(absolute path, via_sh, problem): where NAME runs from, or why it cannot run.
+
+    The sbin folders are searched after PATH: an SSH session's PATH often lacks them while the
+    platform's stop (shutdown) lives there."""
+    if "/" in name:
+        candidates = [os.path.abspath(name)]
+    else:
+        dirs = (search_path if search_path is not None else os.environ.get("PATH", "")).split(os.pathsep)
+        candidates = [os.path.join(d or ".", name) for d in dirs + [s for s in SBIN if s not in dirs]]
+    unreadable = None
+    for path in candidates:
+        if not os.path.isfile(path):
+            continue
+        if os.access(path, os.X_OK) or os.access(path, os.R_OK):
+            return os.path.abspath(path), needs_shell(path), None
+        unreadable = path
+    if unreadable:
+        return None, False, "%s is neither executable nor readable" % unreadable
+    return None, False, "%s is not found%s" % (name, "" if "/" in name else " on PATH or in " + ":".join(SBIN))
+
+
+def runnable(argv, plan_program=None):
+    """The argv to execute: the program resolved at arm time when the name is unchanged, else now;
+    a file that is not a valid executable goes through /bin/sh. (argv, problem)."""
+    name = argv[0]
+    if plan_program and plan_program.get("name") == name and plan_program.get("path"):
+        path, via_sh = plan_program["path"], plan_program.get("via_sh")
+        if not os.path.isfile(path):
+            path, via_sh, problem = resolve_program(name)
+            if problem:
+                return None, problem
+    else:
+        path, via_sh, problem = resolve_program(name)
+        if problem:
+            return None, problem
+    return (["/bin/sh", path] if via_sh else [path]) + list(argv[1:]), None
+
+
+def describe_program(command):
+    """{"name", "path", "via_sh"} for COMMAND's program as found now, or (None, problem)."""
+    argv = shlex.split(command)
+    name = argv[0]
+    if UNRESOLVED_VAR.search(name):
+        return {"name": name, "path": None, "via_sh": False}, None  # resolved at fire time
+    path, via_sh, problem = resolve_program(name)
+    if problem:
+        return None, problem
+    return {"name": name, "path": path, "via_sh": via_sh}, None
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def ends_box(command, source, profile):
+    """Should this stop end the machine (so our own survival disproves it)?"""
+    try:
+        base = os.path.basename(shlex.split(command)[0])
+    except (ValueError, IndexError):
+        return False
+    return base in ENDS_BOX
+
+
+def stop_plan(stop_cmd=None, stop_cmd_destructive=False, profile=None, profile_explicit=False,
+              fallback_stop_cmd=None, pre_stop_cmd=None, confirm_seconds=None, dry_run=False,
+              allow_destructive=False):
+    """The checked stop plan -> (plan dict, warnings). Raises UsageError for a malformed command and
+    Refused for one that cannot run here (so the watcher is not armed on a stop that would fail)."""
+    warnings = []
+    plan = {"stop_cmd": None, "stop_cmd_source": None, "destructive": False, "profile": profile,
+            "fallback_stop_cmd": fallback_stop_cmd, "pre_stop_cmd": pre_stop_cmd}
+    for flag, value in (("--pre-stop-cmd", pre_stop_cmd), ("--fallback-stop-cmd", fallback_stop_cmd)):
+        if value is not None:
+            split_cmd(value, flag)
+    if stop_cmd is not None:
+        split_cmd(stop_cmd, "--stop-cmd")
+        plan.update(stop_cmd=stop_cmd, stop_cmd_source="--stop-cmd", destructive=bool(stop_cmd_destructive))
+    elif profile:
+        try:
+            defaults = core.profile_defaults(profile)
+        except core.UsageError as exc:
+            if profile_explicit:
+                raise
+            defaults = None
+            warnings.append("profile %s from run.json: %s" % (profile, exc))
+        if defaults and defaults.get("METER_STOP_CMD"):
+            split_cmd(defaults["METER_STOP_CMD"], "METER_STOP_CMD of profile %s" % profile)
+            plan.update(stop_cmd=defaults["METER_STOP_CMD"], stop_cmd_source="profile:%s" % profile,
+                        destructive=defaults.get("METER_STOP_DESTRUCTIVE") == "true")
+            if defaults.get("METER_STOP_NEEDS"):
+                plan["stop_cmd_needs"] = defaults["METER_STOP_NEEDS"]
+    if stop_cmd_destructive and stop_cmd is None:
+        raise core.UsageError("--stop-cmd-destructive describes --stop-cmd; give --stop-cmd too")
+    word = destructive.destructive_word(plan["stop_cmd"]) if plan["stop_cmd"] else None
+    if word and not plan["destructive"]:
+        plan.update(destructive=True, destructive_inferred_from=word)
+        warnings.append("NOTE: the stop command looks destructive (%s), so it is treated as destructive (runs "
+                        "only with --allow-destructive and a verified durable sync)" % word)
+    fallback_word = destructive.destructive_word(fallback_stop_cmd) if fallback_stop_cmd else None
+    if fallback_word:
+        raise core.UsageError("--fallback-stop-cmd looks destructive (%s): the fallback must be non-destructive"
+                              % fallback_word)
+    # Checked now, not when it fires: the program, and the variables it needs.
+    for key, what in (("stop_cmd", "the stop command"), ("fallback_stop_cmd", "--fallback-stop-cmd"),
+                      ("pre_stop_cmd", "--pre-stop-cmd")):
+        command = plan[key]
+        if not command:
+            continue
+        program, problem = describe_program(command)
+        missing = expand_argv(command)[1]
+        if not problem and missing:
+            problem = "it needs %s, unset here and in PID 1's environment" % ", ".join("$" + m for m in missing)
+        if problem:
+            line = "%s %r cannot run: %s" % (what, command, problem)
+            if key == "stop_cmd" and plan["destructive"] and not allow_destructive:
+                warnings.append("NOTE: " + line + " (it is refused anyway: destructive, no --allow-destructive)")
+            elif dry_run:
+                warnings.append("WARNING (dry run, armed anyway): " + line)
+            elif key == "stop_cmd" and fallback_stop_cmd and missing and program is not None:
+                warnings.append("WARNING: %s; the fallback runs instead if it is still unset at fire time" % line)
+            else:
+                raise core.Refused(line + "; fix it (or give a stop that runs here) before arming")
+        plan[key.replace("_cmd", "_program")] = program
+        if program and program.get("via_sh"):
+            warnings.append("NOTE: %s is not a valid executable (no #! line or no execute bit): it runs "
+                            "through /bin/sh" % program["path"])
+    plan["ends_box"] = bool(plan["stop_cmd"]) and ends_box(plan["stop_cmd"], plan["stop_cmd_source"], profile)
+    if confirm_seconds is None:
+        confirm_seconds = DEFAULT_CONFIRM_SECONDS if plan["ends_box"] else 0.0
+    plan["confirm_seconds"] = float(confirm_seconds)
+    if confirm_seconds and not plan["ends_box"]:
+        plan["ends_box"] = True   # asked for explicitly: the stop is meant to end this machine
+    return plan, warnings
+
+
+# ----------------------------------------------------------------------------- the destructive gate
+
+def verify_durable(run_dir):
+    """Re-check the run's durable copy now, with the one evidence parser: (ok, detail).
+
+    status.json "sync" must say ok and verified and name results_dir and its manifest; the manifest
+    must parse (evidence.read_manifest), belong to this run, list a result besides the logs, and
+    match every file in results_dir, re-hashed (evidence.verify_tree)."""
+    import evidence
+    status = core.read_json(os.path.join(run_dir, "status.json"))
+    sync = status.get("sync")
+    if not isinstance(sync, dict):
+        return False, "status.json has no sync record: the end-of-run sync has not run"
+    if sync.get("ok") is not True or sync.get("verified") is not True:
+        return False, "status.json sync says ok=%s verified=%s%s" % (
+            sync.get("ok"), sync.get("verified"), (": %s" % sync["error"]) if sync.get("error") else "")
+    results, manifest_path = sync.get("results_dir"), sync.get("manifest")
+    if not isinstance(results, str) or not results or not os.path.isdir(results):
+        return False, "sync.results_dir %r is not a directory here" % (results,)
+    if not isinstance(manifest_path, str) or not manifest_path:
+        return False, "status.json sync names no manifest"
+    manifest, problems = evidence.read_manifest(manifest_path)
+    if problems or manifest is None:
+        first = (problems or [{"path": manifest_path, "detail": "unreadable"}])[0]
+        return False, "manifest %s: %s: %s" % (manifest_path, first["path"], first["detail"])
+    run_id = status.get("run_id")
+    if isinstance(run_id, str) and run_id and manifest.get("run_id") != run_id:
+        return False, "manifest %s is for run %r, not %r" % (manifest_path, manifest.get("run_id"), run_id)
+    if all(e["path"].startswith("logs/") for e in manifest["files"]):
+        return False, "the durable copy holds only the run's logs (no --output was declared): nothing " \
+                      "protects a destructive stop"
+    problems, _hashed = evidence.verify_tree(results, manifest, progress=False)
+    if problems:
+        return False, "%d problem(s) at %s, first: %s %s: %s" % (
+            len(problems), results, problems[0]["code"], problems[0]["path"], problems[0]["detail"])
+    return True, "%d file(s), %d bytes re-verified (sha256) at %s against %s" % (
+        manifest["file_count"], manifest["total_bytes"], results, manifest_path)
+
+
+# ----------------------------------------------------------------------------- running it
+
+class Engine(object):
+    """Carries out a plan. SAVE(record) and LOG(line) are the caller's best-effort writers; they must
+    never raise (the watcher's guard makes them so). SLEEP and CLOCK are injectable for rule tests."""
+
+    def __init__(self, plan, cfg, record, save, log, run_dir=None, sleep=time.sleep, clock=time.monotonic,
+                 adapter=None, notify=None):
+        self.plan, self.cfg, self.rec = plan, cfg, record
+        self.save, self.log, self.run_dir = save, log, run_dir
+        self.sleep, self.clock = sleep, clock
+        self.adapter, self.notify = adapter, notify
+        self.rec.setdefault("attempts", [])
+        self.rec.setdefault("escalations", [])
+        self.rec.setdefault("ok", False)
+        self.rec.setdefault("confirmed", None)
+
+    def once(self, argv, timeout, program=None):
+        cmd, problem = runnable(argv, program)
+        if problem:
+            return {"rc": 127, "timed_out": False, "seconds": 0.0, "output_tail": "", "error": problem,
+                    "at": core.utc_iso()}
+        cwd = self.run_dir if self.run_dir and os.path.isdir(self.run_dir) else "/"
+        res = core.run_bounded(cmd, timeout, cwd=cwd)
+        out = {"rc": res.rc, "timed_out": res.timed_out, "seconds": round(res.seconds, 2),
+               "output_tail": (res.output or "")[-300:], "at": core.utc_iso()}
+        if cmd[0] == "/bin/sh" and argv[0] != "/bin/sh":
+            out["via_sh"] = True
+        if res.error:
+            out["error"] = res.error
+        return out
+
+    def pre_stop(self):
+        command = self.plan.get("pre_stop_cmd")
+        if not command:
+            return
+        if self.cfg.get("dry_run"):
+            self.rec["pre_stop"] = {"command": command, "dry_run": True}
+        else:
+            argv, missing = expand_argv(command)
+            if missing:
+                self.rec["pre_stop"] = {"command": command, "rc": None,
+                                        "error": "unset variable(s): " + ", ".join(missing)}
+            else:
+                self.rec["pre_stop"] = dict(self.once(argv, self.cfg["pre_stop_timeout"],
+                                                      self.plan.get("pre_stop_program")), command=command)
+            self.log("pre-stop command: rc=%s" % self.rec["pre_stop"].get("rc"))
+        self.save()
+
+    def usable_fallback(self, already):
+        fallback = self.plan.get("fallback_stop_cmd")
+        if not fallback or fallback == already:
+            return None, None
+        argv, missing = expand_argv(fallback)
+        if missing:
+            self.log("cannot run the fallback %r: unset variable(s) %s" % (fallback, ", ".join(missing)))
+            return None, None
+        why = destructive.destructive_word(argv)
+        if why:
+            self.log("not running the fallback %r: it expands to a destructive command (%s)" % (fallback, why))
+            return None, None
+        return fallback, argv
+
+    def choose(self):
+        """(command, argv, program) to run first, after the destructive gate; None when nothing can run."""
+        plan, cfg, rec = self.plan, self.cfg, self.rec
+        command, is_destructive = plan.get("stop_cmd"), plan.get("destructive")
+        argv, missing = expand_argv(command) if command else (None, [])
+        if command and not missing and not is_destructive:
+            why = destructive.destructive_word(argv)   # what the variables expanded to counts too
+            if why:
+                is_destructive = True
+                rec.update(destructive=True, destructive_inferred_at_fire=why)
+        if command and is_destructive:
+            if not cfg.get("allow_destructive"):
+                gate_ok, why = False, "--allow-destructive was not given"
+            else:
+                gate_ok, why = verify_durable(self.run_dir) if self.run_dir else (False, "no run dir to verify")
+            rec["destructive_gate"] = {"passed": gate_ok, "detail": why}
+            if not gate_ok:
+                rec["refused"] = "%s (%s)" % (REFUSED_MSG, why)
+                rec["refused_command"] = command
+                self.log("REFUSED destructive stop %r: %s" % (command, why))
+                command, argv = self.usable_fallback(None)
+                rec.update(command=command, destructive=False,
+                           command_source="--fallback-stop-cmd" if command else None)
+                return (command, argv, plan.get("fallback_stop_program")) if command else None
+            self.log("destructive stop allowed: %s" % why)
+        if command and missing:
+            rec["error"] = "stop command %r needs unset variable(s): %s" % (command, ", ".join(missing))
+            self.log("cannot run %r: unset variable(s) %s" % (command, ", ".join(missing)))
+            command, argv = self.usable_fallback(command)
+            if command:
+                rec.update(command=command, destructive=False, command_source="--fallback-stop-cmd")
+                return command, argv, plan.get("fallback_stop_program")
+            return None
+        return (command, argv, plan.get("stop_program")) if command else None
+
+    def confirm(self, action_rec):
+        """True (provider says stopped/gone), False (not stopped: NOT CONFIRMED), None (cannot tell)."""
+        if self.adapter is not None:
+            try:
+                import providers
+                out = providers.stop_and_confirm(self.adapter, "stop", poll_s=10.0,
+                                                 cap_s=self.cfg.get("provider_cap_seconds")
+                                                 or DEFAULT_PROVIDER_CAP_SECONDS,
+                                                 clock=self.clock, sleep=self.sleep, issue=False)
+            except Exception as exc:  # an adapter bug must not end the stop sequence
+                out = {"confirmed": False, "error": "adapter failed: %s" % exc}
+            action_rec["confirmation"] = dict(out, method="provider")
+            return bool(out.get("confirmed"))
+        seconds = self.plan.get("confirm_seconds") or 0.0
+        if not self.plan.get("ends_box") or not seconds:
+            action_rec["confirmation"] = {"method": None, "detail": "this stop is not meant to end the machine: "
+                                                                   "nothing to confirm it by"}
+            return None
+        if self.cfg.get("dry_run"):
+            return None
+        start = self.clock()
+        self.rec["confirming_until"] = core.utc_iso(time.time() + seconds)
+        self.rec["boot_id"] = core.boot_id()
+        self.save()
+        while self.clock() - start < seconds:
+            self.sleep(min(SLICE, seconds))
+        # Still here: the machine (or this container) did not go down.
+        action_rec["confirmation"] = {"method": "still_up", "detail": "this box was still up %.0f s after the stop "
+                                      "exited 0" % (self.clock() - start)}
+        return False
+
+    def escalate(self, why):
+        entry = {"at": core.utc_iso(), "why": why, "host": socket.gethostname()}
+        self.rec["escalations"].append(entry)
+        self.log("!!! %s: %s !!!" % (NOT_CONFIRMED if "confirm" in why else "STOP FAILED", why))
+        if self.notify is not None:
+            try:
+                entry["notify"] = self.notify(why, self.rec)
+            except Exception as exc:  # a message must never end the stop sequence
+                entry["notify"] = {"error": str(exc)[:200]}
+        self.save()
+
+    def attempts(self, argv, program, what, into):
+        """Run up to --retries attempts; True once one exits 0 and is not disproved."""
+        retries = max(1, int(self.cfg.get("retries") or 1))
+        for attempt in range(retries):
+            rec = self.once(argv, self.cfg["stop_timeout"], program)
+            into.append(rec)
+            self.log("%s attempt %d/%d: rc=%s%s%s" % (what, attempt + 1, retries, rec["rc"],
+                                                      " (timed out after %.1f s)" % rec["seconds"]
+                                                      if rec["timed_out"] else "",
+                                                      " via /bin/sh" if rec.get("via_sh") else ""))
+            self.save()
+            if rec["rc"] == 0:
+                confirmed = self.confirm(rec)
+                rec["confirmed"] = confirmed
+                self.rec["confirmed"] = confirmed
+                if confirmed is not False:
+                    return True
+                if not self.rec["escalations"]:
+                    self.escalate("%s: %s exited 0 but %s" % (NOT_CONFIRMED, what,
+                                                              rec["confirmation"].get("detail")))
+                self.save()
+            if attempt + 1 < retries:
+                self.sleep(self.cfg.get("retry_backoff", 0) * (2 ** attempt))
+        return False
+
+    def run(self):
+        """The whole sequence after the caller's own preparations: 0 stopped (or nothing to confirm), 1 not."""
+        self.pre_stop()
+        chosen = self.choose()
+        if not chosen:
+            self.rec["message"] = NO_STOP_MSG
+            self.save()
+            self.log("!!! %s !!! Stop it by hand (profile meter-stop action)." % NO_STOP_MSG.upper())
+            self.escalate("no stop command could run: " + NO_STOP_MSG)
+            return 1
+        command, argv, program = chosen
+        if self.cfg.get("dry_run"):
+            self.rec["would_run"] = command
+            names = variable_names(command)   # names only: values can be ids or keys
+            if names:
+                self.rec["variables_resolved"] = names
+            self.rec["message"] = "dry run: nothing was signalled or run"
+            self.save()
+            self.log("DRY RUN: would run %r" % command)
+            return 0
+        if self.attempts(argv, program, "stop", self.rec["attempts"]):
+            return self.done("stop command succeeded")
+        failed = "stop command failed after %d attempt(s)" % len(self.rec["attempts"])
+        if self.rec["confirmed"] is False:
+            failed = "stop command exited 0 but the stop was NOT CONFIRMED after %d attempt(s)" % len(
+                self.rec["attempts"])
+        fallback, fb_argv = self.usable_fallback(command)
+        if fallback:
+            self.log("%s; running the fallback %r" % (failed, fallback))
+            self.rec["fallback"] = {"command": fallback, "attempts": [], "ok": False}
+            if self.attempts(fb_argv, self.plan.get("fallback_stop_program"), "fallback stop",
+                             self.rec["fallback"]["attempts"]):
+                self.rec["fallback"]["ok"] = True
+                return self.done("%s; the fallback stop command succeeded" % failed)
+            failed += " and the fallback failed too"
+        self.rec["ok"] = False
+        self.rec["message"] = "%s; the meter may still be running" % failed
+        self.escalate(self.rec["message"])
+        return 1
+
+    def done(self, message):
+        confirmed = self.rec["confirmed"]
+        self.rec["ok"] = True
+        self.rec["message"] = message + ("" if confirmed is None else " (confirmed)")
+        self.save()
+        return 0
+
+
+def notifier(event_fields):
+    """A notify hook for Engine (None when notify.py is absent or unconfigured)."""
+    try:
+        import notify
+    except ImportError:
+        return None
+
+    def send(why, record):
+        fields = dict(event_fields, why=why, command=record.get("command"), reason=record.get("reason"))
+        event = "stop_not_confirmed" if NOT_CONFIRMED in why else "deadman_fired"
+        return notify.emit(event, fields)
+    return send
+
+
+def is_full_disk(exc):
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
