@@ -2,7 +2,7 @@
 
   rgt.py notify setup HOST --from FILE [--config-path PATH]
       Validate FILE here (exit 2 before any ssh when it is wrong), then send it on ssh's STDIN to
-      `notify.py install --stdin` on the node, which writes it atomically with mode 0600 (default
+      `notify.py install` on the node (it reads stdin only), which writes it atomically, mode 0600 (default
       ~/.config/rgt/notify.json there, outside every results dir, so a pull never carries it).
       The secrets in FILE never appear in an argv (here or on the node), in the ledger or in output.
   rgt.py notify test HOST [--config-path PATH]
@@ -12,13 +12,22 @@
 
 rgt.py calls add_parser() when it builds its parser and cmd_notify() to run the command, passing
 itself (the module) so the ssh quoting, the reachability check and the ledger are rgt.py's own.
+Run by itself, `python3 scripts/notify_cli.py ACTION ...` is `rgt.py notify ACTION ...`, with rgt.py's
+global options (--json, -p/--port, -i/--identity, --ssh-config, --node-dir, --ledger).
+
+Exit codes: 0 OK; 1 a target failed (test) or the node could not write the config; 2 usage or a bad
+config file; 3 the node refused the config (readable by others); 255 ssh could not reach HOST.
 """
+import argparse
 import json
 import os
 import sys
 
-import rgt_core as core
-import notify as node_notify  # the node module: the same validation runs here and on the node
+HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.join(HERE, "node") not in sys.path:
+    sys.path.insert(0, os.path.join(HERE, "node"))
+import rgt_core as core  # noqa: E402
+import notify as node_notify  # noqa: E402  (the node module: the same validation runs here and on the node)
 
 HELP = "notifications from the node: setup HOST --from FILE, test HOST"
 
@@ -26,7 +35,7 @@ HELP = "notifications from the node: setup HOST --from FILE, test HOST"
 def add_parser(sub, shared):
     """Register `notify setup` and `notify test` under rgt.py's subcommands."""
     p = sub.add_parser("notify", help=HELP, parents=[shared], description=__doc__.split("\n\n", 1)[1].split(
-        "\n\nrgt.py calls", 1)[0], formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+        "\n\nrgt.py calls", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="notify_action", metavar="ACTION", parser_class=core.Parser)
     actions.required = True
     s = actions.add_parser("setup", parents=[shared], help="copy a notify config to the node (0600, via stdin)")
@@ -118,3 +127,13 @@ def _json(text):
     except ValueError:
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def _standalone(argv=None):
+    sys.path.insert(0, HERE)
+    import rgt
+    return rgt.main(["notify"] + list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(core.run_main(_standalone, prog="rgt.py"))
