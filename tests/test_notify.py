@@ -468,23 +468,32 @@ def test_notif_the_spool_gives_up_after_its_age_and_says_so(tmp_path, servers):
     assert "1 message to discord 'dc' dropped" in line and "unsent" not in line
 
 
-def test_notif_full_disk_under_the_spool_gives_up_cleanly(tmp_path, servers, monkeypatch):
-    """The spool's writer raises ENOSPC (a full disk, injected): emit and flush return, never raise; the
-    message is reported dropped with the reason, and status_line still tells (from memory)."""
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS], ids=["ENOSPC", "EROFS"])
+def test_notif_full_or_read_only_disk_under_the_spool_gives_up_cleanly(tmp_path, servers, monkeypatch, code):
+    """The spool's writer raises ENOSPC or EROFS (injected): emit and flush return, never raise; the message is
+    reported dropped with the reason, status_line still tells (from memory), and a spooled entry whose rewrite
+    fails during a flush stays as it was for the next round."""
     srv = servers([(500, b"x", "text/plain")])
     cfg = write_config(tmp_path / "n.json", {"targets": [
         {"type": "slack", "name": "sl", "url": srv.base + "/s", "allow_http": True}]})
     spool = str(tmp_path / "spool")
+    assert notify.emit(notify.FAILED, {"run_id": "r0"}, config_path=cfg, spool_dir=spool)["spooled"] == ["sl"]
+    (kept,) = Path(spool).glob("msg-*")
+    before = kept.read_bytes()
 
-    def full(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-    monkeypatch.setattr(notify, "_spool_write", full)
+    def broken(path, data):
+        raise OSError(code, os.strerror(code), path)
+    monkeypatch.setattr(notify, "_spool_write", broken)
     out = notify.emit(notify.DEADMAN_FIRED, {"run_id": "r1"}, config_path=cfg, spool_dir=spool)
     assert out["dropped"] == ["sl"] and out["spooled"] == []
-    assert "No space left on device" in out["errors"]["sl"]
+    assert os.strerror(code) in out["errors"]["sl"]
     line = notify.status_line(spool)
-    assert line and "dropped" in line and "No space left" in line
-    assert notify.flush_spool(cfg, spool, budget_s=2)["dropped"] == []     # nothing to flush, no exception
+    assert "1 message unsent to slack 'sl'" in line and "1 message to slack 'sl' dropped" in line
+    assert os.strerror(code) in line
+    due = json.loads(before)["next_try"] + 1
+    flushed = notify.flush_spool(cfg, spool, budget_s=5, now=due)
+    assert flushed["skipped"] == "spool not writable; entries left as they were" and flushed["dropped"] == []
+    assert kept.read_bytes() == before and len(srv.requests) == 3
 
 
 def test_notif_full_tmpfs_spool_is_a_clean_give_up(tmp_path, servers):
@@ -547,6 +556,10 @@ def test_notif_config_readable_by_others_is_refused(tmp_path, servers):
     os.chmod(cfg, 0o600)
     link.symlink_to(cfg)
     res = node_cli("check", "--config", link)
+    assert res.returncode == 3 and b"is a link" in res.stderr
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo, 0o600)
+    res = node_cli("check", "--config", fifo, timeout=30)                    # refused, not a hang
     assert res.returncode == 3 and b"not a regular file" in res.stderr
 
 

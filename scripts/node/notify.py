@@ -292,14 +292,7 @@ def _check_smtp(target, where):
         raise core.UsageError("%s: from must be an address" % where)
 
 
-def check_private(path):
-    """Refuse (ConfigRefused) a config anyone but this user could read or swap. Returns its lstat."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise core.UsageError("cannot read the notify config %s: %s" % (path, exc.strerror or exc))
+def _refuse_unless_private(path, st):
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
         raise ConfigRefused("notify config %s is not a regular file (a link or a device); write it with "
                             "`notify.py install --stdin`" % path)
@@ -309,7 +302,47 @@ def check_private(path):
     if st.st_mode & 0o077:
         raise ConfigRefused("notify config %s is readable by group or others (mode %04o): it holds secrets; "
                             "run: chmod 600 %s" % (path, stat.S_IMODE(st.st_mode), path))
+
+
+def check_private(path):
+    """Refuse (ConfigRefused) a config anyone but this user could read or swap. Returns its lstat."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise core.UsageError("cannot read the notify config %s: %s" % (path, exc.strerror or exc))
+    _refuse_unless_private(path, st)
     return st
+
+
+def read_private(path):
+    """The bytes of the config at PATH, checked on the open file itself (no swap between check and read):
+    not followed through a link, never blocking on a FIFO. FileNotFoundError when there is none."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ConfigRefused("notify config %s is a link; write the file itself with "
+                                "`notify.py install --stdin`" % path)
+        raise core.UsageError("cannot read the notify config %s: %s" % (path, exc.strerror or exc))
+    try:
+        _refuse_unless_private(path, os.fstat(fd))
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise core.UsageError("cannot read the notify config %s: %s" % (path, exc.strerror or exc))
+    finally:
+        os.close(fd)
 
 
 def parse_config_bytes(raw, what="notify config"):
@@ -327,14 +360,9 @@ def load_config(config_path=None):
     """The validated config, or None when there is no file. UsageError / ConfigRefused otherwise."""
     path = config_path or default_config_path()
     try:
-        check_private(path)
+        raw = read_private(path)
     except FileNotFoundError:
         return None
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise core.UsageError("cannot read the notify config %s: %s" % (path, exc.strerror or exc))
     return parse_config_bytes(raw, "notify config %s" % path)
 
 
@@ -370,7 +398,7 @@ def _field_value(key, value):
     if isinstance(value, (int, float)):
         if key.endswith("_bytes") or key == "bytes_synced":
             return core.human_bytes(value)
-        if key.endswith("_s") and key not in ("cost_s",):
+        if key.endswith("_s"):
             return core.human_age(value)
         return ("%.4g" % value) if isinstance(value, float) else str(value)
     return str(value)
