@@ -21,6 +21,8 @@ Usage:
   rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect]
   rgt.py [global options] sweep  HOST [--check-only]
   rgt.py [global options] ledger [--all]
+  rgt.py [global options] notify setup HOST --from FILE [--config-path PATH]
+  rgt.py [global options] notify test  HOST [--config-path PATH]
 
 Global options (before the command):
   --json              machine-readable output (one JSON object on stdout)
@@ -82,6 +84,7 @@ NODE_SRC = os.path.join(HERE, "node")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, NODE_SRC)
 import rgt_core as core  # noqa: E402
+import notify_cli  # noqa: E402  (scripts/notify_cli.py: `rgt.py notify`)
 
 DEFAULT_NODE_DIR = "~/rgt-bin"
 SSH_UNREACHABLE = 255
@@ -756,6 +759,7 @@ def build_parser():
     p.add_argument("--no-inspect", action="store_true")
     p = host_cmd("sweep", "before release: every run of the box on durable storage, verified (final_sweep.py)")
     p.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
+    notify_cli.add_parser(sub, shared)
     p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared])
     p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
     return parser
@@ -771,7 +775,7 @@ def main(argv=None):
     args.rest = rest
     if not args.command:
         raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, resume, pull, gate, "
-                              "sweep, ledger")
+                              "sweep, ledger, notify")
     if rest and args.command not in ("probe", "launch"):
         raise core.UsageError("'--' is only for probe and launch")
     if args.command == "ledger":
@@ -782,6 +786,10 @@ def main(argv=None):
     except Unreachable as exc:
         core.say_error(str(exc), "rgt.py")
         return SSH_UNREACHABLE
+
+
+def cmd_notify(args, ssh):
+    return notify_cli.cmd_notify(args, ssh, sys.modules[__name__])
 
 
 def report(args, fields, human):
