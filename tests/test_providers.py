@@ -17,6 +17,7 @@ import pytest
 
 from conftest import NODE, SCRIPTS, missing
 from provider_standins import Instance, StandIn, Volume
+from sshd_fixture import sshd_server  # noqa: F401
 
 sys.path.insert(0, str(NODE))
 sys.path.insert(0, str(SCRIPTS))
@@ -473,3 +474,48 @@ def test_billing_bad_budget_input_is_one_line_exit_2(tmp_path, args, fragment):
                          capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME=str(tmp_path)))
     assert res.returncode == 2 and fragment in res.stderr and res.stderr.count("\n") == 1, res.stderr
     assert not (tmp_path / "l.jsonl").exists()  # refused before anything ran or was recorded
+
+
+def find_key(doc, key):
+    """The first value of KEY anywhere in a JSON document (the dead-man's state layout is not ours)."""
+    if isinstance(doc, dict):
+        if key in doc:
+            return doc[key]
+        doc = list(doc.values())
+    if isinstance(doc, list):
+        for item in doc:
+            found = find_key(item, key)
+            if found is not None:
+                return found
+    return None
+
+
+def test_billing_max_cost_arms_the_dead_man_cap_and_status_shows_cost(tmp_path, sshd_server, monkeypatch):  # noqa: F811
+    from test_rgt_cli import rgt
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    runs = {}
+    with StandIn("vastai", KEY, [Instance("4242", rate=0.5)]) as api:
+        monkeypatch.setenv("RGT_VASTAI_API_URL", api.url)   # the laptop's vast.ai credentials
+        monkeypatch.setenv("VAST_API_KEY", KEY)
+        for rid, budget in (("budget-1", ["--max-cost", "3", "--rate-per-hour", "2"]),
+                            ("budget-2", ["--max-cost", "1", "--instance", "vastai:4242"])):
+            res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", rid,
+                      "--durable-dir", str(durable), "--cwd", str(work), *budget, "--",
+                      "--deadman-dry-run", "--wait", "--poll-seconds", "0.2", "--", "python3", "-c", "pass")
+            assert res.returncode == 0, res.stdout + res.stderr
+            runs[rid] = res
+    assert "budget:     budget: at most 3.00 (1.5 h at 2/h)" in runs["budget-1"].stdout
+    assert "at most 1.00 (2 h at 0.5/h)" in runs["budget-2"].stdout  # the rate the provider lists
+    for rid, hours in (("budget-1", 1.5), ("budget-2", 2.0)):
+        state = json.loads((durable / "runs" / rid / "deadman.json").read_text())
+        assert find_key(state, "max_hours") == hours, state  # the dead-man's wall-clock cap is the budget's
+    events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    launch = [e for e in events if e["event"] == "launch" and e["run_id"] == "budget-2"][0]
+    assert (launch["instance"], launch["rate_per_hour"], launch["max_cost"], launch["max_hours"]) == \
+        ("vastai:4242", 0.5, 1.0, 2.0)
+    status = rgt(tmp_path, sshd_server, "--json", "status", "gpu-box", "budget-1")
+    cost = json.loads(status.stdout)["cost_from_ledger"]
+    assert cost["rate_per_hour"] == 2 and cost["max_cost"] == 3 and cost["cost"] is not None
+    assert "cost so far:" in rgt(tmp_path, sshd_server, "status", "gpu-box", "budget-1").stdout
+    assert KEY not in (tmp_path / "ledger.jsonl").read_text()
