@@ -11,7 +11,8 @@ Usage:
   rgt.py [global options] push   HOST [--transport auto|rsync|tar]
   rgt.py [global options] probe  HOST [--profile P] [-- NODE_PROBE_ARGS...]
   rgt.py [global options] launch HOST --profile P --run-id RID [--cwd DIR] [--durable-dir DIR]
-                                 [--rate-per-hour X] [-- RUN_ONE_ARGS... --] -- CMD [ARGS...]
+                                 [--rate-per-hour X] [--max-cost USD] [--instance PROVIDER:ID]
+                                 [-- RUN_ONE_ARGS... --] -- CMD [ARGS...]
   rgt.py [global options] status HOST RID [--rate-per-hour X]
   rgt.py [global options] patrol HOST [RID...] [--rate-per-hour X] [--min-free-gb G]
   rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
@@ -23,6 +24,7 @@ Usage:
   rgt.py [global options] ledger [--all]
   rgt.py [global options] notify setup HOST --from FILE [--config-path PATH]
   rgt.py [global options] notify test  HOST [--config-path PATH]
+  rgt.py [global options] billing [--timeout S]
 
 Global options (before the command):
   --json              machine-readable output (one JSON object on stdout)
@@ -55,6 +57,16 @@ succeeded run, or past the attempt cap (--max-attempts overrides the launch's) o
 sweep: before a box that ran several runs is released, final_sweep.py on it over the runs dirs the ledger
 knows for HOST (or --durable-dir's): every run verified on durable storage, stale ones synced again, what
 cannot be saved listed; its exit codes pass through (0 every run saved, 1 not, 3 --check-only found work).
+
+billing: what is still billing you, read-only (scripts/billing.py): every instance and storage object your laptop
+credentials can see (RunPod, vast.ai, Lambda, Paperspace), with $/h where the API gives it, joined with this
+ledger: UNKNOWN TO THE LEDGER, STOPPED, STORAGE BILLING, RUNNING, NO ACTIVE RUN, OK. Exit 1 when anything is
+billing without a run. It changes nothing.
+
+budget: launch --max-cost USD with --rate-per-hour X (or --instance PROVIDER:ID, whose rate the provider lists)
+prints the most the run can cost and passes the matching --max-hours to run_one.sh (a tighter cap given to
+run_one.sh is kept), so the dead-man stops the box at the budget. --instance also records which provider
+instance the run is on, for billing. status shows the cost so far: the rate x the hours since the first launch, from the ledger.
 
 gate: the teardown gate with our checkpoint inspector on every pulled checkpoint (--no-inspect skips
 that part; the byte-for-byte match with the node is never skipped).
@@ -382,6 +394,7 @@ def cmd_launch(args, ssh):
     options, job = split_launch(args.rest)
     if not job:
         raise core.UsageError("no job command: rgt.py launch HOST --profile P --run-id RID -- CMD [ARGS...]")
+    options, budget = launch_budget(args, options)
     argv = ["bash", node_tool(args, "run_one.sh"), "--profile", profile, "--run-id", rid, "--run-dir", run_dir]
     if args.durable_dir:
         argv += ["--durable-dir", args.durable_dir]
@@ -391,8 +404,9 @@ def cmd_launch(args, ssh):
     ok = res.returncode == 0
     ledger_append(ledger_path(args.ledger), event="launch", host=args.host, run_id=rid, profile=profile,
                   run_dir=run_dir, results_dir=results_dir, state="launched" if ok else "launch_failed",
-                  rc=res.returncode, attempt=launched_attempt(out))
+                  rc=res.returncode, attempt=launched_attempt(out), **budget["ledger"])
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
+              "budget": budget["note"],
               "watch": again(args, "status", args.host, rid), "eta": "unknown until the "
               "first progress line (see status)", "cost_so_far": cost_line(args.rate_per_hour, 0.0),
               "teardown": "NOT through the gate: the box may bill until you pull, gate and stop it",
@@ -401,7 +415,8 @@ def cmd_launch(args, ssh):
         sys.stderr.write(err)
         sys.stdout.write(out)
     human = "\n".join(["run id:     %s" % rid, "watch:      %s" % fields["watch"], "ETA:        %s" % fields["eta"],
-                       "cost:       %s" % fields["cost_so_far"], "teardown:   %s" % fields["teardown"]])
+                       "cost:       %s" % fields["cost_so_far"], "teardown:   %s" % fields["teardown"]]
+                      + (["budget:     %s" % budget["note"]] if budget["note"] else []))
     report(args, fields, human if ok else "%s launch of %s exited %d" % (core.FAIL, rid, res.returncode))
     return res.returncode
 
@@ -440,10 +455,12 @@ def cmd_status(args, ssh):
     state = status.get("status") or status.get("state")
     ledger_append(ledger_path(args.ledger), event="status", host=args.host, run_id=rid, state=state,
                   attempt=status.get("attempt"))
+    status["cost_from_ledger"] = ledger_cost(args, rid)
     if args.json:
         core.emit_json(status)
     else:
         print(status.get("line") or "%s %s" % (str(state).upper(), rid))
+        print(status["cost_from_ledger"]["line"])
         if status.get("hint"):
             print("hint: %s" % status["hint"])
     return res.returncode
@@ -683,6 +700,33 @@ def cmd_ledger(args):
     return 0
 
 
+# ---------------------------------------------------------------- billing and budget (scripts/billing.py)
+
+def launch_budget(args, options):
+    """--max-cost and --instance: the run_one options with the budget's --max-hours, and what the ledger keeps."""
+    import billing
+    rate = args.rate_per_hour
+    if args.instance and args.max_cost is not None and rate is None:
+        rate = billing.rate_from_provider(args.instance)
+    options, hours, note = billing.plan_budget(args.max_cost, rate, options)
+    ledger = {k: v for k, v in (("instance", args.instance), ("rate_per_hour", rate), ("max_cost", args.max_cost),
+                                ("max_hours", hours)) if v is not None}
+    if note and not args.json:
+        sys.stderr.write("rgt.py: %s\n" % note)
+    return options, {"ledger": ledger, "note": note}
+
+
+def ledger_cost(args, rid):
+    import billing
+    return billing.cost_so_far(ledger_events(ledger_path(args.ledger)), args.host, rid, args.rate_per_hour)
+
+
+def cmd_billing(args):
+    import billing
+    path = ledger_path(args.ledger)
+    return billing.run(ledger_events(path), path, args.json, args.timeout)
+
+
 # ---------------------------------------------------------------- arguments
 
 def global_options(parser, suppress):
@@ -733,6 +777,9 @@ def build_parser():
     p.add_argument("--run-id", required=True)
     p.add_argument("--cwd", help="the job's working directory on the node (created)")
     p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
+    p.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True),
+                   help="budget in the rate's currency: arms the dead-man's wall-clock cap to match")
+    p.add_argument("--instance", help="PROVIDER:ID of the box (billing joins on it; a budget reads its rate there)")
     p = host_cmd("status", "classify a run (run_status.py)", run_id=True)
     p.add_argument("--rate-per-hour", type=float)
     p = host_cmd("patrol", "the scheduled check-in: one round trip, a short report, exit 10 to escalate")
@@ -762,6 +809,9 @@ def build_parser():
     notify_cli.add_parser(sub, shared)
     p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared])
     p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
+    p = sub.add_parser("billing", help="what is still billing you, joined with the ledger (read-only)", parents=[shared])
+    p.add_argument("--timeout", type=core.arg_number(float, 0.0, 600, low_open=True), default=30.0,
+                   help="seconds one provider request may take")
     return parser
 
 
@@ -775,11 +825,13 @@ def main(argv=None):
     args.rest = rest
     if not args.command:
         raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, resume, pull, gate, "
-                              "sweep, ledger, notify")
+                              "sweep, ledger, notify, billing")
     if rest and args.command not in ("probe", "launch"):
         raise core.UsageError("'--' is only for probe and launch")
     if args.command == "ledger":
         return cmd_ledger(args)
+    if args.command == "billing":
+        return cmd_billing(args)
     ssh = Ssh(args.host, args.port, args.identity, args.ssh_config)
     try:
         return globals()["cmd_" + args.command](args, ssh)

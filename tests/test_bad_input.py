@@ -210,6 +210,12 @@ CASES = [
     ("scripts/rgt.py", ["launch", "gpu-box"], nothing, 2, "required: --profile, --run-id"),
     ("scripts/rgt.py", ["logs", "gpu-box", "r1", "--lines", "x"], nothing, 2, "--lines"),
     ("scripts/rgt.py", ["--ledger", "{tmp}/empty.jsonl", "sweep", "gpu-box"], nothing, 2, "no run of gpu-box"),
+    # billing.py (rgt.py billing)
+    ("scripts/billing.py", ["--timeout", "nan"], nothing, 2, "--timeout"),
+    ("scripts/billing.py", ["--timeout", "0"], nothing, 2, "--timeout"),
+    ("scripts/billing.py", ["--ledger", "{tmp}"], nothing, 2, "cannot read the ledger"),
+    ("scripts/rgt.py", ["launch", "gpu-box", "--profile", "local", "--run-id", "r1", "--max-cost", "5", "--",
+                        "true"], nothing, 2, "needs the hourly rate"),
     # idle_watch.py
     ("scripts/node/idle_watch.py", [], nothing, 2, "give a command"),
     ("scripts/node/idle_watch.py", ["arm", "--watch-dir", "{tmp}/w", "--stop-cmd", "'unbalanced"], nothing, 2,

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""provider_vastai: vast.ai adapter (REST API), for providers.py and the stop engine.
+
+Node side: the instance's own id and its per-instance key, both set by vast.ai in every instance
+(CONTAINER_ID, CONTAINER_API_KEY; that key can only start, stop or destroy its own instance, and read it:
+docs.vast.ai/guides/instances/docker-environment, api-reference/hello-world). Laptop side: VAST_API_KEY, else
+$XDG_CONFIG_HOME/vastai/vast_api_key (default ~/.config/vastai/vast_api_key), else ~/.vast_api_key (the
+vastai CLI's order).
+
+Calls (Authorization: Bearer <key>; the paths the vastai CLI uses):
+  state      GET    /api/v0/instances/{id}/?owner=me   -> {"instances": {...} | null}
+             cur_state unloaded or instances null -> gone; cur_state stopped (container not running) ->
+             stopped; intended_status stopped otherwise -> stopping; actual_status unknown/offline -> unknown
+  stop       PUT    /api/v0/instances/{id}/  {"state": "stopped"}   (disk keeps billing)
+  terminate  DELETE /api/v0/instances/{id}/                          (destroys the instance and its disk)
+  list       GET    /api/v1/instances/ (paged by next_token), GET /api/v0/volumes?owner=me&type=all_volume
+API base: RGT_VASTAI_API_URL, else VAST_URL (the CLI's variable), else https://console.vast.ai.
+Confirmation: cur_state reads stopped (stop), or unloaded / no such instance (terminate).
+
+Usage: provider_vastai.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile vastai)
+Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
+"""
+import json
+import os
+import sys
+import urllib.parse
+
+import rgt_core as core
+import providers as pv
+
+NAME = "vastai"
+DEFAULT_URL = "https://console.vast.ai"
+URL_VARS = ("RGT_VASTAI_API_URL", "VAST_URL")
+RUNNING = ("running", "loading", "rebooting", "frozen", "created", "scheduling")
+
+
+def instance_state(inst):
+    if not isinstance(inst, dict):
+        return "gone"
+    cur = str(inst.get("cur_state") or "").lower()
+    actual = str(inst.get("actual_status") or "").lower()
+    intended = str(inst.get("intended_status") or "").lower()
+    if cur == "unloaded":
+        return "gone"
+    if cur == "stopped" and actual != "running":
+        return "stopped"
+    if intended == "stopped":
+        return "stopping"
+    if actual in ("unknown", "offline"):
+        return "unknown"
+    if cur == "running" or actual in RUNNING or not actual:
+        return "running"
+    return "unknown"
+
+
+class VastAI(pv.Adapter):
+    name = NAME
+    confirmation = "GET /api/v0/instances/{id}/ reads cur_state stopped (stop); unloaded or instances null (terminate)"
+
+    def _call(self, method, path, body=None, query=None, timeout=pv.DEFAULT_TIMEOUT_S, ok_missing=False):
+        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        return pv.http_json(method, url, {"Authorization": "Bearer " + self._key}, body, timeout, ok_missing)
+
+    def _path(self):
+        ident = self._need_instance()
+        if not ident.isdigit():
+            raise pv.ProviderError("config", "vast.ai instance id must be a number")
+        return "/api/v0/instances/%s/" % ident
+
+    def state(self, timeout=pv.DEFAULT_TIMEOUT_S):
+        doc = self._call("GET", self._path(), query={"owner": "me"}, timeout=timeout, ok_missing=True)
+        if doc is pv.MISSING:
+            return "gone"
+        if not isinstance(doc, dict) or "instances" not in doc:
+            raise pv.ProviderError("http", "vastai: answer has no 'instances' key")
+        return instance_state(doc.get("instances"))
+
+    def stop(self, timeout=pv.DEFAULT_TIMEOUT_S):
+        return self._checked(self._call("PUT", self._path(), {"state": "stopped"}, timeout=timeout))
+
+    def terminate(self, timeout=pv.DEFAULT_TIMEOUT_S):
+        doc = self._call("DELETE", self._path(), {}, timeout=timeout, ok_missing=True)
+        return None if doc is pv.MISSING else self._checked(doc)
+
+    def _checked(self, doc):
+        if isinstance(doc, dict) and doc.get("success") is False:
+            raise pv.ProviderError("http", "vastai: request refused: %s" % str(doc.get("msg") or doc.get("error"))[:200])
+        return doc
+
+    def list(self, timeout=pv.DEFAULT_TIMEOUT_S):
+        instances, storage, token, pages = [], [], None, 0
+        while True:
+            query = {"select_filters": "{}", "order_by": json.dumps([{"col": "id", "dir": "asc"}]), "limit": "25"}
+            if token:
+                query["after_token"] = token
+            doc = self._call("GET", "/api/v1/instances/", query=query, timeout=timeout) or {}
+            for inst in doc.get("instances") or []:
+                instances.append(pv.row(NAME, "instance", inst.get("id"), inst.get("label"), instance_state(inst),
+                                        inst.get("dph_total"), inst.get("actual_status"),
+                                        ip=inst.get("public_ipaddr"), ssh_host=inst.get("ssh_host"),
+                                        ssh_port=inst.get("ssh_port")))
+            token, pages = doc.get("next_token"), pages + 1
+            if not token or pages >= 40:
+                break
+        doc = self._call("GET", "/api/v0/volumes", query={"owner": "me", "type": "all_volume"}, timeout=timeout) or {}
+        for vol in doc.get("volumes") or []:
+            storage.append(pv.row(NAME, "volume", vol.get("id"), vol.get("label") or vol.get("name"),
+                                  str(vol.get("status") or "exists"), None, vol.get("status"),
+                                  size_gb=vol.get("disk_space"), total_cost=vol.get("storage_total_cost"),
+                                  rate_note="bills while it exists; the API gives the total so far, not a rate"))
+        return {"instances": instances, "storage": storage}
+
+
+def node_adapter(environ):
+    ident = pv.need(environ, "CONTAINER_ID", "vast.ai sets it in every instance")
+    key = pv.need(environ, "CONTAINER_API_KEY", "the per-instance key vast.ai injects")
+    adapter = VastAI(key, ident, pv.base_url(environ, URL_VARS, DEFAULT_URL))
+    adapter._path()  # a malformed id is a config error now, not at stop time
+    return adapter
+
+
+def laptop_key(environ, home):
+    key = (environ.get("VAST_API_KEY") or "").strip()
+    if key:
+        return key
+    xdg = environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    for path in (os.path.join(xdg, "vastai", "vast_api_key"), os.path.join(home, ".vast_api_key")):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                key = handle.read(4096).strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if key:
+            return key
+    return None
+
+
+def laptop_adapter(environ, home):
+    key = laptop_key(environ, home)
+    return VastAI(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL)) if key else None
+
+
+def main(argv=None):
+    core.check_toolkit()
+    return pv.main(argv, fixed_profile=NAME)
+
+
+if __name__ == "__main__":
+    sys.exit(core.run_main(main, prog="provider_vastai.py"))
