@@ -210,6 +210,10 @@ CASES = [
     ("scripts/rgt.py", ["launch", "gpu-box"], nothing, 2, "required: --profile, --run-id"),
     ("scripts/rgt.py", ["logs", "gpu-box", "r1", "--lines", "x"], nothing, 2, "--lines"),
     ("scripts/rgt.py", ["--ledger", "{tmp}/empty.jsonl", "sweep", "gpu-box"], nothing, 2, "no run of gpu-box"),
+    # notify_cli.py (rgt.py notify)
+    ("scripts/notify_cli.py", ["bogus"], nothing, 2, "invalid choice"),
+    ("scripts/notify_cli.py", ["setup", "gpu-box"], nothing, 2, "--from"),
+    ("scripts/notify_cli.py", ["setup", "gpu-box", "--from", "{tmp}/absent.json"], nothing, 2, "cannot read"),
     # billing.py (rgt.py billing)
     ("scripts/billing.py", ["--timeout", "nan"], nothing, 2, "--timeout"),
     ("scripts/billing.py", ["--timeout", "0"], nothing, 2, "--timeout"),
