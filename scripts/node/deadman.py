@@ -303,6 +303,7 @@ class Watcher(object):
                 self.armed_mono += slept   # suspended time does not count toward --max-hours
                 self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
             verdict = self.guarded_evaluate(now)
+            flush_notifications()
             if verdict and verdict[0] == "disarm":
                 self.state = "disarmed"
                 self.log("disarmed by ACK; exiting without stopping anything")
@@ -344,14 +345,16 @@ class Watcher(object):
         self.state = "fired"
         self.write_state()
         self.log("FIRED: %s: %s" % (reason, detail))
+        send = stop_engine.notifier(self.notify_fields())
+        if send is not None and not cfg["dry_run"]:   # before the stop: it may take the box and the message
+            send("idle_stop" if reason == "idle_box" else "deadman_fired", {"reason": reason, "detail": detail})
         try:
             self.before_stop(job_pid, job_alive)
         except Exception:  # noqa: BLE001  the stop must run even when the courtesy to the job failed
             self.log("preparing the stop failed: %s" % traceback.format_exc().strip().splitlines()[-1])
         self.save_fired()
         engine = stop_engine.Engine(cfg, cfg, self.fired, self.save_fired, self.log, run_dir=self.run_dir,
-                                    notify=stop_engine.notifier(self.notify_fields()),
-                                    adapter=provider_adapter(cfg))
+                                    notify=send)
         try:
             rc = engine.run()
         except Exception:  # noqa: BLE001  last resort: the plain stop command, once
@@ -366,18 +369,13 @@ class Watcher(object):
         return rc
 
 
-def provider_adapter(cfg):
-    """The provider adapter that can confirm this plan's stop (providers.py), or None."""
-    if cfg.get("dry_run") or not str(cfg.get("stop_cmd_source") or "").startswith("profile:"):
-        return None
+def flush_notifications():
+    """Retry spooled messages (notify.py; bounded, never raises): a message that failed once still arrives."""
     try:
-        import providers
-    except ImportError:
-        return None
-    try:
-        return providers.adapter_for(cfg.get("profile"))
-    except Exception:  # noqa: BLE001  no adapter is the old behaviour, never a crash
-        return None
+        import notify
+        notify.flush_spool(budget_s=5)
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def last_resort_stop(cfg, log):

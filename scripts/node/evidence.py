@@ -318,8 +318,10 @@ def select(root_real, patterns, skip):
 
 # ---------------------------------------------------------------- building
 
-def build_manifest(root, patterns, run_id, allow_empty=(), skip=(), jobs=4, bufsize=1 << 20, progress=True):
-    """Select the roster under ROOT, hash and content-check every file.
+def build_manifest(root, patterns, run_id, allow_empty=(), skip=(), jobs=4, bufsize=1 << 20, progress=True,
+                   on_bytes=None):
+    """Select the roster under ROOT, hash and content-check every file. ON_BYTES(count), when given, hears
+    every chunk hashed (a long re-read is progress, not a stall).
 
     Returns (manifest or None, problems, notes). Nothing is written here."""
     root_real = os.path.realpath(root)
@@ -336,10 +338,11 @@ def build_manifest(root, patterns, run_id, allow_empty=(), skip=(), jobs=4, bufs
             sizes[rel] = 0
     meter = core.Progress("hashing", sum(sizes.values()), enabled=progress)
     order = sorted(chosen, key=lambda r: -sizes[r])  # big files first balances the workers
+    counted = meter.add if on_bytes is None else (lambda n: (meter.add(n), on_bytes(n)))
 
     def work(rel):
         try:
-            size, digest = core.sha256_file(chosen[rel], bufsize, meter.add)
+            size, digest = core.sha256_file(chosen[rel], bufsize, counted)
         except (OSError, ValueError) as exc:
             return rel, None, problem("unreadable", rel, exc.strerror if isinstance(exc, OSError) and
                                       exc.strerror else str(exc))

@@ -30,6 +30,7 @@ import errno
 import os
 import shlex
 import socket
+import sys
 import time
 
 import destructive
@@ -197,6 +198,8 @@ def stop_plan(stop_cmd=None, stop_cmd_destructive=False, profile=None, profile_e
                 plan["stop_cmd_needs"] = defaults["METER_STOP_NEEDS"]
     if stop_cmd_destructive and stop_cmd is None:
         raise core.UsageError("--stop-cmd-destructive describes --stop-cmd; give --stop-cmd too")
+    if stop_cmd is None and profile:
+        provider_stop(plan, profile, warnings)
     word = destructive.destructive_word(plan["stop_cmd"]) if plan["stop_cmd"] else None
     if word and not plan["destructive"]:
         plan.update(destructive=True, destructive_inferred_from=word)
@@ -237,6 +240,32 @@ def stop_plan(stop_cmd=None, stop_cmd_destructive=False, profile=None, profile_e
     if confirm_seconds and not plan["ends_box"]:
         plan["ends_box"] = True   # asked for explicitly: the stop is meant to end this machine
     return plan, warnings
+
+
+def provider_stop(plan, profile, warnings):
+    """Where the platform's API can stop this box (providers.py) and its ids are here, the stop is the API's
+    stop-then-read-back (exit 0 only once the state says stopped or gone); the profile's command becomes the
+    fallback. Lambda has no stop, only terminate: that plan is destructive, behind the same gate."""
+    try:
+        import providers
+        adapter = providers.adapter_for(profile)
+    except ImportError:
+        return
+    except Exception as exc:  # noqa: BLE001  (ProviderError: no id or key on this box)
+        warnings.append("NOTE: the %s API cannot confirm this stop here (%s); the profile's command runs and "
+                        "is confirmed by this box going down" % (profile, exc))
+        return
+    if adapter is None:
+        return
+    action = "terminate" if getattr(adapter, "stop_unsupported", False) or profile == "lambda" else "stop"
+    command = "%s %s %s --profile %s" % (shlex.quote(sys.executable),
+                                         shlex.quote(os.path.join(core.NODE_DIR, "providers.py")), action, profile)
+    if plan["stop_cmd"] and not plan["destructive"] and not plan.get("fallback_stop_cmd"):
+        plan["fallback_stop_cmd"] = plan["stop_cmd"]
+    plan.update(stop_cmd=command, stop_cmd_source="provider:%s" % profile, destructive=action == "terminate",
+                confirm_by="provider", provider_action=action)
+    warnings.append("NOTE: the stop goes through the %s API (%s, confirmed by reading the state back)"
+                    % (profile, action))
 
 
 # ----------------------------------------------------------------------------- the destructive gate
@@ -378,17 +407,6 @@ class Engine(object):
 
     def confirm(self, action_rec):
         """True (provider says stopped/gone), False (not stopped: NOT CONFIRMED), None (cannot tell)."""
-        if self.adapter is not None:
-            try:
-                import providers
-                out = providers.stop_and_confirm(self.adapter, "stop", poll_s=10.0,
-                                                 cap_s=self.cfg.get("provider_cap_seconds")
-                                                 or DEFAULT_PROVIDER_CAP_SECONDS,
-                                                 clock=self.clock, sleep=self.sleep, issue=False)
-            except Exception as exc:  # an adapter bug must not end the stop sequence
-                out = {"confirmed": False, "error": "adapter failed: %s" % exc}
-            action_rec["confirmation"] = dict(out, method="provider")
-            return bool(out.get("confirmed"))
         seconds = self.plan.get("confirm_seconds") or 0.0
         if not self.plan.get("ends_box") or not seconds:
             action_rec["confirmation"] = {"method": None, "detail": "this stop is not meant to end the machine: "
@@ -411,25 +429,43 @@ class Engine(object):
         entry = {"at": core.utc_iso(), "why": why, "host": socket.gethostname()}
         self.rec["escalations"].append(entry)
         self.log("!!! %s: %s !!!" % (NOT_CONFIRMED if "confirm" in why else "STOP FAILED", why))
-        if self.notify is not None:
-            try:
-                entry["notify"] = self.notify(why, self.rec)
-            except Exception as exc:  # a message must never end the stop sequence
-                entry["notify"] = {"error": str(exc)[:200]}
+        self.tell("stop_not_confirmed", why=why, attempts=len(self.rec["attempts"]))
         self.save()
+
+    def tell(self, event, **fields):
+        if self.notify is not None:
+            summary = self.notify(event, dict(fields, reason=self.rec.get("reason")))
+            if isinstance(summary, dict):
+                self.rec.setdefault("notified", []).append(
+                    {"event": event, "sent": summary.get("sent"), "spooled": summary.get("spooled"),
+                     "skipped": summary.get("skipped")})
 
     def attempts(self, argv, program, what, into):
         """Run up to --retries attempts; True once one exits 0 and is not disproved."""
         retries = max(1, int(self.cfg.get("retries") or 1))
         for attempt in range(retries):
-            rec = self.once(argv, self.cfg["stop_timeout"], program)
+            timeout = self.cfg["stop_timeout"]
+            if self.plan.get("confirm_by") == "provider" and what == "stop":
+                timeout = max(timeout, DEFAULT_PROVIDER_CAP_SECONDS + 60)   # providers.py polls up to its cap
+            rec = self.once(argv, timeout, program)
             into.append(rec)
             self.log("%s attempt %d/%d: rc=%s%s%s" % (what, attempt + 1, retries, rec["rc"],
                                                       " (timed out after %.1f s)" % rec["seconds"]
                                                       if rec["timed_out"] else "",
                                                       " via /bin/sh" if rec.get("via_sh") else ""))
             self.save()
-            if rec["rc"] == 0:
+            if self.plan.get("confirm_by") == "provider" and what == "stop":
+                # providers.py exits 0 only once the provider's state says stopped or gone, 1 when it did not.
+                rec["confirmation"] = {"method": "provider", "detail": "the provider's state %s"
+                                       % ("confirms the stop" if rec["rc"] == 0 else "did not confirm it")}
+                if rec["rc"] == 0:
+                    rec["confirmed"] = self.rec["confirmed"] = True
+                    return True
+                if rec["rc"] == 1:
+                    rec["confirmed"] = self.rec["confirmed"] = False
+                    if not self.rec["escalations"]:
+                        self.escalate("%s: the provider still reports the box running after the stop" % NOT_CONFIRMED)
+            elif rec["rc"] == 0:
                 confirmed = self.confirm(rec)
                 rec["confirmed"] = confirmed
                 self.rec["confirmed"] = confirmed
@@ -485,23 +521,27 @@ class Engine(object):
 
     def done(self, message):
         confirmed = self.rec["confirmed"]
+        if confirmed:
+            self.tell("stop_confirmed", method=(self.rec.get("attempts") or [{}])[-1].get("confirmation", {}).get("method"))
         self.rec["ok"] = True
         self.rec["message"] = message + ("" if confirmed is None else " (confirmed)")
         self.save()
         return 0
 
 
-def notifier(event_fields):
-    """A notify hook for Engine (None when notify.py is absent or unconfigured)."""
+def notifier(base_fields):
+    """send(event, fields) through notify.py (bounded, never raising), or None when it is absent.
+    Fields never carry a stop command: an expanded $VAR can hold a token."""
     try:
         import notify
     except ImportError:
         return None
 
-    def send(why, record):
-        fields = dict(event_fields, why=why, command=record.get("command"), reason=record.get("reason"))
-        event = "stop_not_confirmed" if NOT_CONFIRMED in why else "deadman_fired"
-        return notify.emit(event, fields)
+    def send(event, fields):
+        try:
+            return notify.emit(event, dict(base_fields, **fields), timeout=5)
+        except Exception as exc:  # noqa: BLE001  a message never ends the stop sequence
+            return {"error": str(exc)[:200]}
     return send
 
 
