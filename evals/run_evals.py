@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tier-1 evals: offline, seconds, no agent. Does the skill lead from a user's words to the answer?
+"""Tier-1 evals, offline: routing, reading cost, coverage and triggers against their floors; exit 1 when one is missed.
 
 Over evals/cases.jsonl and evals/triggers.jsonl it checks:
   cases      every case has its fields; each expected file exists and (if Markdown) is within two
@@ -36,6 +36,7 @@ Options:
   --json               print JSON instead of text
 
 The last line of the text report is `N passed, N failed` (one check per case, plus one per floor).
+
 Exit codes: 0 every check passed; 1 a check failed; 2 usage or bad input.
 """
 import json
