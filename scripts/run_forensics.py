@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-r"""run_forensics.py: judges a result from the run's own records (best vs last, diff, curve, plot); never guesses.
+r"""run_forensics.py: judges a result from the run's own records (best vs last, config diff, curve); never guesses.
 
 A final number hides how it was reached. Read the whole record instead: where the best value was
 and how far the last one fell from it, what else differed between two runs besides the knob you
