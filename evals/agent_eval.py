@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tier-2 evals: run each case (and trigger prompt) through a real agent CLI with the skill installed.
+"""Tier-2 evals: runs each case through a real agent CLI with the skill installed; grades against must-cover points.
 
 For every prompt it installs the skill (scripts/install_skill.py) into a fresh temporary folder, runs
 the agent command there, captures the answer and, where the agent reports them, the files it read
@@ -230,17 +230,23 @@ def main(argv=None):
                     epilog=__doc__.split("\n", 2)[2])
     p.add_argument("--agent-cmd", required=True, metavar="CMD", help="shell command that runs the agent once")
     p.add_argument("--judge-cmd", metavar="CMD", help="optional grader command")
-    p.add_argument("--agent", default="all", choices=["claude", "codex", "gemini", "copilot", "cursor", "all"])
-    p.add_argument("--scope", default="project", choices=["home", "project"])
-    p.add_argument("--cases", type=Path, default=HERE / "cases.jsonl", metavar="FILE")
-    p.add_argument("--triggers", type=Path, default=HERE / "triggers.jsonl", metavar="FILE")
+    p.add_argument("--agent", default="all", choices=["claude", "codex", "gemini", "copilot", "cursor", "all"],
+                   help="which agent's skills folder to install into (default all)")
+    p.add_argument("--scope", default="project", choices=["home", "project"],
+                   help="install under a temporary HOME or a temporary project folder (default project)")
+    p.add_argument("--cases", type=Path, default=HERE / "cases.jsonl", metavar="FILE",
+                   help="cases file (default evals/cases.jsonl)")
+    p.add_argument("--triggers", type=Path, default=HERE / "triggers.jsonl", metavar="FILE",
+                   help="trigger prompts (default evals/triggers.jsonl)")
     p.add_argument("--only", action="append", metavar="ID", help="run only this id (repeatable)")
-    p.add_argument("--limit", type=core.arg_number(int, 1), metavar="N")
-    p.add_argument("--cases-only", action="store_true")
-    p.add_argument("--triggers-only", action="store_true")
-    p.add_argument("--timeout", type=core.arg_number(float, 0, low_open=True), default=600.0, metavar="S")
-    p.add_argument("--pass-score", type=core.arg_number(float, 0.0, 1.0000001), default=0.5, metavar="F")
-    p.add_argument("--out", type=Path, metavar="DIR")
+    p.add_argument("--limit", type=core.arg_number(int, 1), metavar="N", help="run only the first N cases and triggers")
+    p.add_argument("--cases-only", action="store_true", help="skip the trigger prompts")
+    p.add_argument("--triggers-only", action="store_true", help="skip the cases")
+    p.add_argument("--timeout", type=core.arg_number(float, 0, low_open=True), default=600.0, metavar="S",
+                   help="seconds per agent run (default 600)")
+    p.add_argument("--pass-score", type=core.arg_number(float, 0.0, 1.0000001), default=0.5, metavar="F",
+                   help="share of must-cover points an answer needs (default 0.5)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="where results.json and summary.md go")
     args = p.parse_args(argv)
     if not args.agent_cmd.strip():
         raise core.UsageError("--agent-cmd is empty")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tier-1 evals: offline, seconds, no agent. Does the skill lead from a user's words to the answer?
+"""Tier-1 evals, offline: routing, reading cost, coverage and triggers against their floors; exit 1 when one is missed.
 
 Over evals/cases.jsonl and evals/triggers.jsonl it checks:
   cases      every case has its fields; each expected file exists and (if Markdown) is within two
@@ -13,6 +13,10 @@ Over evals/cases.jsonl and evals/triggers.jsonl it checks:
              entry it only lists costs `lookup.py ID`; one it misses costs `lookup.py --index FILE` plus
              `lookup.py ID`; an expected file without entries costs its `--help` (a script) or the
              whole file; median (held under a ceiling) and 90th percentile, next to whole-file reading
+  agent      characters read as an agent reads: the SKILL.md body, then what the best top-3 router row that
+             names an expected file names: an entry (by ID, or an entry anchor) costs the entry; a
+             #index anchor (the symptom index) costs the index and the entry; another anchor its section; a bare
+             link the whole file; a script its --help; no such row: the whole expected files (median held)
   triggers   a lexical check of the description: a prompt triggers when the description phrases it
              contains (their words in order, at most one other word
              between neighbours) weigh 2 or more: a phrase of two or more
@@ -31,11 +35,13 @@ Options:
   --top1 SHARE         floor for the top-1 routing hit rate (default 0.60)
   --top3 SHARE         floor for the top-3 routing hit rate (default 0.85)
   --reading-median N   ceiling for the median characters read per case (default 12000)
+  --agent-reading-median N  ceiling for the median read as an agent reads (default 15000)
   --trigger-floor S    floor for the lexical trigger accuracy (default 0.80)
   --misses             print every miss, not only the counts
   --json               print JSON instead of text
 
 The last line of the text report is `N passed, N failed` (one check per case, plus one per floor).
+
 Exit codes: 0 every check passed; 1 a check failed; 2 usage or bad input.
 """
 import json
@@ -54,7 +60,8 @@ import lookup as lk  # noqa: E402  (the catalog parser, words and ranker measure
 
 FIELDS = ("id", "prompt", "expected_files", "expected_ids", "key_terms", "must_cover")
 TRIGGER_FIELDS = ("id", "prompt", "should_trigger")
-FLOORS = {"top1": 0.60, "top3": 0.85, "reading_median": 12000, "trigger_accuracy": 0.80}
+FLOORS = {"top1": 0.60, "top3": 0.85, "reading_median": 12000, "agent_reading_median": 15000,
+          "trigger_accuracy": 0.80}
 MIN_TRIGGERS = 60
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
@@ -312,6 +319,92 @@ def percentile(values, q):
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+ROW_ID = re.compile(r"(?<![\w#/-])([A-Z]{1,3}\d+)\b")
+
+
+def anchor_slug(heading):
+    """GitHub's anchor for a heading (as tests/structure_checks.slug computes it)."""
+    text = re.sub(r"`([^`]*)`", r"\1", heading.strip()).lower()
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    return re.sub(r"[^\w\- \u4e00-\u9fff]", "", text).replace(" ", "-")
+
+
+def section_text(path, anchor):
+    """The text under the heading whose anchor is ANCHOR, to the next heading of the same or a higher level."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start, level = None, 0
+    for i, line in enumerate(lines):
+        m = re.match(r"^(#{1,6})\s+(.*)", line)
+        if not m:
+            continue
+        if start is None and anchor_slug(m.group(2)) == anchor:
+            start, level = i, len(m.group(1))
+        elif start is not None and len(m.group(1)) <= level:
+            return "\n".join(lines[start:i]) + "\n"
+    return "\n".join(lines[start:]) + "\n" if start is not None else None
+
+
+def row_targets(root, row_text):
+    """[(path, anchor or None)] a router row links or names (scripts by path)."""
+    out = []
+    for t in LINK.findall(row_text):
+        if "://" in t:
+            continue
+        part, _, anchor = t.partition("#")
+        out.append(((root / part).resolve(), anchor or None))
+    out += [((root / t).resolve(), None) for t in SCRIPT_REF.findall(row_text)]
+    return out
+
+
+def agent_reading(root, cases, body=None):
+    """{case id: {"chars": N, "steps": [...]}}: what an agent reads following the router as it is written.
+
+    The agent reads the SKILL.md body, picks the best-ranked row that names an expected file (the routing
+    rank; top 3), and reads what that row names, nothing more: an entry the row names by ID or by an entry
+    anchor costs that entry (`lookup.py ID`); an `#index` (symptom index) anchor costs the index plus each
+    expected entry in it; another anchor costs that section; a bare link costs the whole file; a script costs
+    its --help. When no row in the top 3 names an expected file, every expected file is read whole."""
+    body = skill_body(root) if body is None else body
+    catalog = lk.Catalog(str(root))
+    rows = router_rows(root, body)
+    ranker = lk.Ranker([r[0] for r in rows])
+    out = {}
+    for _, case in cases:
+        expected = [(root / f).resolve() for f in case.get("expected_files", [])]
+        wanted = [i for i in case.get("expected_ids", []) if catalog.get(i)]
+        query = lk.words(case["prompt"])
+        scored = sorted((-ranker.score(i, query), not (set(expected) & set(r[1])), i) for i, r in enumerate(rows))
+        pick = next((rows[i] for k, (sc, miss, i) in enumerate(scored[:3]) if not miss and sc < 0), None)
+        chars, steps = len(body), ["SKILL.md body %d" % len(body)]
+        named = set(ROW_ID.findall(pick[2])) if pick else set()
+        targets = row_targets(root, pick[2]) if pick else []
+        for f in expected:
+            if not f.is_file():
+                continue
+            rel = f.relative_to(root.resolve()).as_posix()
+            in_file = [i for i in wanted if catalog.get(i)["file"] == rel]
+            anchors = [a for t, a in targets if t == f]
+            direct = [i for i in in_file if i in named or any(a and a.startswith(i.lower() + "--") for a in anchors)]
+            if f.suffix in (".py", ".sh"):
+                cost, how = (help_chars(f), "--help %s" % rel) if f in [t for t, _ in targets] or not pick else (
+                    help_chars(f), "--help %s (not on the row)" % rel)
+            elif direct:
+                cost = sum(id_output(catalog, i) for i in direct)
+                how = "lookup.py %s" % " ".join(direct)
+            elif {"symptom-index", "index"} & set(anchors):
+                cost = len(lk.index_text(str(f))) + sum(id_output(catalog, i) for i in in_file)
+                how = "%s#symptom-index + %s" % (rel, " ".join(in_file) or "nothing")
+            elif any(anchors) and section_text(f, next(a for a in anchors if a)) is not None:
+                a = next(a for a in anchors if a)
+                cost, how = len(section_text(f, a)), "%s#%s" % (rel, a)
+            else:
+                cost, how = len(f.read_text(encoding="utf-8")), "read %s" % rel
+            chars += cost
+            steps.append("%s %d" % (how, cost))
+        out[case["id"]] = {"chars": chars, "steps": steps, "row": pick[2][:80] if pick else None}
+    return out
+
+
 def lookup_ranks(root, cases):
     """{case id: place of the first expected entry in `lookup.py PROMPT` (1 = printed in full), or None}."""
     catalog = lk.Catalog(str(root))
@@ -445,6 +538,12 @@ def evaluate(root=ROOT, cases_path=None, triggers_path=None, floors=None):
     checks.append(("reading median <= %d chars" % floors["reading_median"], median <= floors["reading_median"],
                    "%d" % median))
 
+    agent = agent_reading(root, good)
+    agent_chars = [v["chars"] for v in agent.values()]
+    agent_median = statistics.median(agent_chars) if agent_chars else 0
+    checks.append(("reading as an agent reads, median <= %d chars" % floors["agent_reading_median"],
+                   agent_median <= floors["agent_reading_median"], "%d" % agent_median))
+
     lranks = lookup_ranks(root, good)
     tres = trigger_results(root, triggers)
     tprob = trigger_problems(triggers)
@@ -465,7 +564,10 @@ def evaluate(root=ROOT, cases_path=None, triggers_path=None, floors=None):
                              "is not printed first; --help or the whole file for a file without entries)",
                     "skill_body": body, "median": median, "p90": percentile(route_chars, 0.9),
                     "whole_files_median": statistics.median(whole_chars) if whole_chars else 0,
-                    "whole_files_p90": percentile(whole_chars, 0.9), "per_case": read},
+                    "whole_files_p90": percentile(whole_chars, 0.9), "per_case": read,
+                    "agent": {"route": "SKILL.md body + what the best top-3 router row names (an entry by ID or "
+                                       "anchor; a #symptom-index plus the entry; a section; else the whole file)",
+                              "median": agent_median, "p90": percentile(agent_chars, 0.9), "per_case": agent}},
         "lookup": {"cases": len(lranks),
                    "first": sum(1 for r in lranks.values() if r == 1) / max(1, len(lranks)),
                    "listed": sum(1 for r in lranks.values() if r) / max(1, len(lranks)),
@@ -490,6 +592,8 @@ def render(report, misses=False):
         "reading per case: median %d chars, p90 %d (SKILL.md body %d + lookup output); whole files "
         "instead: median %d, p90 %d" % (rd["median"], rd["p90"], rd["skill_body"], rd["whole_files_median"],
                                          rd["whole_files_p90"]),
+        "reading as an agent reads (SKILL.md + what the chosen router row names): median %d chars, p90 %d" % (
+            rd["agent"]["median"], rd["agent"]["p90"]),
         "lookup.py given the prompt: expected entry printed first %.0f%%, listed %.0f%% of %d cases" % (
             100 * lu["first"], 100 * lu["listed"], lu["cases"]),
         "triggers (lexical, description): accuracy %.1f%% of %d, recall %.0f%%; false positives: %s; "
@@ -522,6 +626,8 @@ def main(argv=None):
     p.add_argument("--top3", type=share, default=FLOORS["top3"], metavar="SHARE", help="top-3 floor")
     p.add_argument("--reading-median", type=core.arg_number(int, 1), default=FLOORS["reading_median"],
                    metavar="N", help="ceiling for the median characters read")
+    p.add_argument("--agent-reading-median", type=core.arg_number(int, 1), default=FLOORS["agent_reading_median"],
+                   metavar="N", help="ceiling for the median characters read as an agent reads")
     p.add_argument("--trigger-floor", type=share, default=FLOORS["trigger_accuracy"], metavar="S",
                    help="floor for the lexical trigger accuracy")
     p.add_argument("--misses", action="store_true", help="list every miss")
@@ -534,6 +640,7 @@ def main(argv=None):
             raise core.UsageError("no such file: %s" % f)
     report = evaluate(args.root, args.cases, args.triggers,
                       {"top1": args.top1, "top3": args.top3, "reading_median": args.reading_median,
+                       "agent_reading_median": args.agent_reading_median,
                        "trigger_accuracy": args.trigger_floor})
     if args.json:
         core.emit_json(report)

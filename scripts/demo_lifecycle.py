@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run the whole remote-GPU lifecycle on this machine, with the `local` profile, and show the evidence.
+"""Runs the whole lifecycle on this machine (local profile, Python and bash); exit 0 only when all evidence checks.
 
   probe → gate → dead-man armed → run → interrupted (SIGTERM, as a spot preemption) → resumed →
   manifest → pull → verify → teardown gate (and a gate that refuses a changed node) → a hung job

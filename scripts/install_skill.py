@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Install the remote-gpu-trainer skill into coding agents' skill folders.
+"""Installs the skill into agents' skill folders, never over a folder that is not this skill's, and checks the copy.
 
 Usage:
   python3 scripts/install_skill.py                      # Claude Code + the shared ~/.agents/skills

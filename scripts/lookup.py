@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print only the gotcha entries that match, instead of reading whole reference files.
+"""Prints just the entry that matches an ID or the user's words, so an agent reads 1-2 KB instead of a whole file.
 
 Every catalog under references/ and profiles/ holds entries (`### U16 — title`, then Symptom, Cause,
 Fix, Check); references also carry a symptom index (what the user sees -> entry). This script searches

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pull a run's results off a node (rsync, or a tar stream), verify every byte, then promote them atomically.
+"""Promotes a pulled run only when every file matches the node's manifest byte for byte; a re-run resumes.
 
 Local side, standard library only (plus ssh for remote sources; rsync where both ends have it, else a tar
 stream, made by python3's tarfile on a node without tar). The node must
@@ -478,8 +478,7 @@ def parse_args(argv):
     parser = core.Parser(
         prog="pull_verified.py",
         description="rsync a run's results into staging, verify against the node's manifest, promote atomically.",
-        epilog="Exit: 0 ok/already, 1 check failed (staging kept), 2 usage, 3 refused to overwrite, "
-               "130 interrupted. Details: module docstring.")
+        formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("--source", required=True, help="[HOST:]ROOT on the node (HOST may be an ssh alias), "
                                                          "or a local path")
     parser.add_argument("--dest", required=True, help="local directory; the run lands in DEST/<run_id>/")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check the numbers a document claims against the metrics files they come from.
+"""Re-derives every number a document binds to a metrics file and names each one that no longer matches.
 
 A number in prose is a copy; copies drift. Bind each reported number to its source once, and this
 script re-derives every bound number and reports the ones that no longer match, with file and line.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Render one portable job request into the job file of a distributed engine (laptop side).
+"""Renders a portable job request for Slurm, Kubernetes or SkyPilot with one resume contract, or names the bad field.
 
 When a job outgrows one box, hand it to the engine the cluster already runs instead of building an
 orchestrator. Say the job once (job_request.schema.json beside this file) and render it:
@@ -483,7 +483,8 @@ RENDER = {"slurm": render_slurm, "k8s-job": render_k8s_job, "pytorchjob": render
 
 
 def main(argv=None):
-    parser = core.Parser(prog=PROG, description="Render a portable job request for Slurm, Kubernetes or SkyPilot.")
+    parser = core.Parser(prog=PROG, description="Render a portable job request for Slurm, Kubernetes or SkyPilot.",
+                         formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("request", help="the job request (JSON, or YAML with PyYAML)")
     parser.add_argument("--to", required=True, choices=TARGETS, help="the engine to render for")
     parser.add_argument("--out", help="write the rendering to this path instead of stdout")

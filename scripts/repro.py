@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""repro.py: write a script that re-runs a recorded run and checks its numbers (laptop or node).
+"""repro.py: writes a script that re-runs a recorded run from pinned code and checks its numbers; refuses the unpinned.
 
 From RUN_DIR/run.json (the exact command and cwd the launcher recorded) and RUN_DIR/env.json
 (scripts/node/run_env.py: commit, dirty state, Python, torch, CUDA, packages, seeds, data
@@ -204,19 +204,29 @@ def outside_paths(cmd, maps, cwd, toplevel, data_paths):
 
 
 def main(argv=None):
-    parser = core.Parser(prog=PROG, description="Write a reproduction script for a recorded run (see the docstring).")
-    parser.add_argument("run_dir")
-    parser.add_argument("-o", "--out", default="repro.sh")
-    parser.add_argument("--force", action="store_true")
-    parser.add_argument("--repo", default=None)
-    parser.add_argument("--rtol", type=core.arg_number(float, 0.0, 1.0), default=1e-6)
-    parser.add_argument("--atol", type=core.arg_number(float, 0.0), default=None)
-    parser.add_argument("--metrics-file", action="append", default=[])
-    parser.add_argument("--ignore", action="append", default=[])
-    parser.add_argument("--map", action="append", default=[])
-    parser.add_argument("--allow-unpinned", action="store_true")
-    parser.add_argument("--strict-env", action="store_true")
-    parser.add_argument("--json", action="store_true")
+    parser = core.Parser(prog=PROG, description="Write a reproduction script for a recorded run (see the docstring).",
+                         formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the recorded run (env.json and run.json in it)")
+    parser.add_argument("-o", "--out", default="repro.sh", metavar="FILE",
+                        help="where to write the script (default repro.sh; '-' stdout; never inside RUN_DIR)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --out FILE (outside RUN_DIR)")
+    parser.add_argument("--repo", default=None, metavar="DIR",
+                        help="the git repository holding the commit (default: the recorded top level)")
+    parser.add_argument("--rtol", type=core.arg_number(float, 0.0, 1.0), default=1e-6, metavar="R",
+                        help="relative tolerance of the number check (default 1e-6; GPU runs: about 1e-2)")
+    parser.add_argument("--atol", type=core.arg_number(float, 0.0), default=None, metavar="A",
+                        help="absolute tolerance added to the relative one (default: exact to the digit)")
+    parser.add_argument("--metrics-file", action="append", default=[], metavar="PATH",
+                        help="a metrics file inside RUN_DIR to check (repeatable; default every *.jsonl, *.csv)")
+    parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
+                        help="a metric key not to check (repeatable), on top of the timing keys")
+    parser.add_argument("--map", action="append", default=[], metavar="OLD=NEW",
+                        help="also rewrite path prefix OLD to NEW in the command (repeatable)")
+    parser.add_argument("--allow-unpinned", action="store_true",
+                        help="write the script even when the code cannot be pinned (it then warns loudly)")
+    parser.add_argument("--strict-env", action="store_true",
+                        help="the script stops when the environment differs (default: WARN and go on)")
+    parser.add_argument("--json", action="store_true", help="print what was written (and every warning) as JSON")
     args = parser.parse_args(argv)
     if not args.out:
         raise core.UsageError("--out is empty")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""rgt: the laptop side of remote-gpu-trainer, one command per phase (Python 3.8+, stdlib only).
+"""rgt: the laptop side, a command per phase; launch arms the dead-man first, resume never runs two live attempts.
 
 Every command builds its ssh call from argv (each remote word quoted; "~/" kept for the node's
 shell to expand), so no user input is ever pasted into a shell string. HOST is an ssh alias or
@@ -741,6 +741,7 @@ def global_options(parser, suppress):
     parser.add_argument("--ledger", help="run ledger file", **kw)
 
 
+EXIT_EPILOG = core.exit_codes_epilog(__doc__)
 LAUNCH_EPILOG = """the job, and what goes to run_one.sh:
   rgt.py launch HOST --profile P --run-id RID -- CMD [ARGS...]
   rgt.py launch HOST --profile P --run-id RID -- RUN_ONE_ARGS... -- CMD [ARGS...]
@@ -753,14 +754,17 @@ Copy the project to the node yourself first (rsync, or git clone there): push sh
 
 
 def build_parser():
-    parser = core.Parser(prog="rgt.py", description="The laptop side, one command per phase (see the docstring).")
+    parser = core.Parser(prog="rgt.py", description="The laptop side, one command per phase (see the docstring).",
+                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
     global_options(parser, suppress=False)
     shared = core.Parser(add_help=False)
     global_options(shared, suppress=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser,
+                                help="one phase of the chain; rgt.py COMMAND --help for its options")
 
     def host_cmd(name, help_text, run_id=False, epilog=None):
-        p = sub.add_parser(name, help=help_text, parents=[shared], epilog=epilog,
+        p = sub.add_parser(name, help=help_text, parents=[shared],
+                           epilog=(epilog + "\n\n" if epilog else "") + EXIT_EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("host", help="ssh alias or user@host")
         if run_id:
@@ -769,45 +773,49 @@ def build_parser():
         return p
 
     p = host_cmd("push", "copy the node toolkit to the node and verify its version")
-    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto")
+    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
+                   help="rsync, a tar stream over ssh, or auto (rsync when both ends have it)")
     p = host_cmd("probe", "audit the node (node_probe.py); gate options after --")
-    p.add_argument("--profile")
+    p.add_argument("--profile", help="the node's platform profile (DATA_DIR and DURABLE_DIR defaults)")
     p = host_cmd("launch", "start a job through run_one.sh (dead-man first, detached)", epilog=LAUNCH_EPILOG)
-    p.add_argument("--profile", required=True)
-    p.add_argument("--run-id", required=True)
+    p.add_argument("--profile", required=True, help="the node's platform profile (meter-stop, dirs, proxy hook)")
+    p.add_argument("--run-id", required=True, help="a new run id (letters, digits, . _ -); resume uses it")
     p.add_argument("--cwd", help="the job's working directory on the node (created)")
     p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
     p.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True),
                    help="budget in the rate's currency: arms the dead-man's wall-clock cap to match")
     p.add_argument("--instance", help="PROVIDER:ID of the box (billing joins on it; a budget reads its rate there)")
     p = host_cmd("status", "classify a run (run_status.py)", run_id=True)
-    p.add_argument("--rate-per-hour", type=float)
+    p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
     p = host_cmd("patrol", "the scheduled check-in: one round trip, a short report, exit 10 to escalate")
     p.add_argument("run_ids", nargs="*", metavar="RID", help="runs to check (default: the ledger's open runs)")
-    p.add_argument("--rate-per-hour", type=float)
+    p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
     p.add_argument("--min-free-gb", type=float, default=10.0, help="escalate below this much free disk")
     p = host_cmd("logs", "the tail of a run's log", run_id=True)
-    p.add_argument("--lines", type=int, default=40)
-    p.add_argument("--log", choices=("job", "supervisor", "deadman"), default="job")
+    p.add_argument("--lines", type=int, default=40, help="lines from the end (default 40)")
+    p.add_argument("--log", choices=("job", "supervisor", "deadman"), default="job",
+                   help="which log: the job's (default), the supervisor's or the dead-man's")
     p = host_cmd("ack", "postpone or disarm the run's dead-man", run_id=True)
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--postpone-minutes", type=float)
-    g.add_argument("--disarm", action="store_true")
+    g.add_argument("--postpone-minutes", type=float, help="push the dead-man's deadline back this many minutes")
+    g.add_argument("--disarm", action="store_true", help="turn the dead-man off for this run (you watch it now)")
     p = host_cmd("resume", "relaunch a preempted or failed run as its next attempt", run_id=True)
     p.add_argument("--max-attempts", type=int, help="attempt cap for this resume (default: the launch's, 3)")
     p.add_argument("--give-up-hours", type=float, help="refuse once the first attempt started longer ago (48)")
     p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
     p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)
-    p.add_argument("--dest", default="pulled")
-    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto")
+    p.add_argument("--dest", default="pulled", help="local folder; the run lands in DEST/RID (default pulled)")
+    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
+                   help="rsync, a tar stream over ssh, or auto (rsync when both ends have it)")
     p = host_cmd("gate", "the teardown gate: is it safe to stop the meter?", run_id=True)
-    p.add_argument("--dest", default="pulled")
-    p.add_argument("--profile")
-    p.add_argument("--no-inspect", action="store_true")
+    p.add_argument("--dest", default="pulled", help="where the pull put the run (DEST/RID; default pulled)")
+    p.add_argument("--profile", help="the platform profile whose meter-stop action the pass prints")
+    p.add_argument("--no-inspect", action="store_true", help="skip the checkpoint load checks (ckpt_inspect.py)")
     p = host_cmd("sweep", "before release: every run of the box on durable storage, verified (final_sweep.py)")
     p.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
     notify_cli.add_parser(sub, shared)
-    p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared])
+    p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared],
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
     p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
     p = sub.add_parser("billing", help="what is still billing you, joined with the ledger (read-only)", parents=[shared])
     p.add_argument("--timeout", type=core.arg_number(float, 0.0, 600, low_open=True), default=30.0,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-r"""run_forensics.py: check that a result is real from the run's own records (laptop side).
+r"""run_forensics.py: judges a result from the run's own records (best vs last, config diff, curve); never guesses.
 
 A final number hides how it was reached. Read the whole record instead: where the best value was
 and how far the last one fell from it, what else differed between two runs besides the knob you
@@ -1077,36 +1077,53 @@ def steps_from_log(path, regexes):
     return print_steps(series)
 
 
+EXIT_EPILOG = core.exit_codes_epilog(__doc__)
+
+
 def build_parser():
-    parser = core.Parser(prog=PROG, description="Run forensics from a run's own records (see the docstring).")
-    sub = parser.add_subparsers(dest="command", parser_class=core.Parser)
-    mode = dict(choices=("min", "max"), default=None)
+    parser = core.Parser(prog=PROG, description="Run forensics from a run's own records (see the docstring).",
+                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
+    sub = parser.add_subparsers(dest="command", parser_class=core.Parser, help="what to read: COMMAND --help")
+    mode = dict(choices=("min", "max"), default=None,
+                help="min or max is better (default: from the metric's name: loss lower, acc higher)")
     log_rx = dict(action="append", type=log_regex_arg, default=None, metavar="RE",
                   help="a Python regex for job.log lines: (?P<step>...) and one named group per metric; repeatable")
-    p = sub.add_parser("list", help="best / last / step of best per run")
-    p.add_argument("runs", nargs="+")
-    p.add_argument("--metric", default=None)
+    json_out = dict(action="store_true", help="print JSON")
+
+    def command(name, help_text):
+        return sub.add_parser(name, help=help_text, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              epilog=EXIT_EPILOG)
+
+    p = command("list", "best / last / step of best per run")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run dirs (a folder of runs lists each), or wandb:E/P")
+    p.add_argument("--metric", default=None, metavar="NAME",
+                   help="the metric (default: every metric whose direction its name makes clear)")
     p.add_argument("--mode", **mode)
     p.add_argument("--log-regex", **log_rx)
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("diff", help="differing config and environment keys of two runs")
-    p.add_argument("run_a")
-    p.add_argument("run_b")
-    p.add_argument("--all", action="store_true")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("curve", help="early peak, spikes, NaN/inf, flat tail")
-    p.add_argument("run")
-    p.add_argument("--metric", required=True)
+    p.add_argument("--json", **json_out)
+    p = command("diff", "differing config and environment keys of two runs")
+    p.add_argument("run_a", metavar="RUN_A", help="the first run dir (or wandb:E/P/ID)")
+    p.add_argument("run_b", metavar="RUN_B", help="the second run dir (or wandb:E/P/ID)")
+    p.add_argument("--all", action="store_true", help="show every key, not only those that differ")
+    p.add_argument("--json", **json_out)
+    p = command("curve", "early peak, spikes, NaN/inf, flat tail")
+    p.add_argument("run", metavar="RUN", help="the run dir (or wandb:E/P/ID)")
+    p.add_argument("--metric", required=True, metavar="NAME", help="the metric whose curve is read")
     p.add_argument("--mode", **mode)
     p.add_argument("--log-regex", **log_rx)
-    p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10)
-    p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0)
-    p.add_argument("--flat-k", type=core.arg_number(int, 2, 10 ** 9), default=20)
-    p.add_argument("--flat-tol", type=core.arg_number(float, 0.0, 1.0), default=1e-6)
-    p.add_argument("--decline", type=core.arg_number(float, 0.0, 1.0, low_open=True), default=0.1)
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("steps", help="one metrics file, last value per step, as JSON lines")
-    p.add_argument("file")
+    p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10, metavar="N",
+                   help="neighbours a spike is judged against (default 10)")
+    p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0, metavar="Z",
+                   help="robust z-score above which a point is a spike (default 6)")
+    p.add_argument("--flat-k", type=core.arg_number(int, 2, 10 ** 9), default=20, metavar="K",
+                   help="the last K points are checked for a flat tail (default 20)")
+    p.add_argument("--flat-tol", type=core.arg_number(float, 0.0, 1.0), default=1e-6, metavar="T",
+                   help="relative change under which the tail counts as flat (default 1e-6)")
+    p.add_argument("--decline", type=core.arg_number(float, 0.0, 1.0, low_open=True), default=0.1, metavar="F",
+                   help="fall from the best, as a share of the range, that makes an early peak (default 0.1)")
+    p.add_argument("--json", **json_out)
+    p = command("steps", "one metrics file, last value per step, as JSON lines")
+    p.add_argument("file", metavar="FILE", help="a .jsonl or .csv metrics file, or a job.log read through --log-regex")
     p.add_argument("--log-regex", **log_rx)
     return parser
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Say whether it is safe to stop the meter on a node. It never tears anything down itself.
+"""Passes only when the pull matches the node's current manifest, re-hashed on the node; never tears down.
 
 Local side. Run it after pull_verified.py and BEFORE you terminate, destroy or release anything.
 It passes only when all of these hold:
@@ -229,7 +229,7 @@ def parse_args(argv):
         prog="teardown_gate.py",
         description="Pass only when the pulled run matches the node's current manifest and re-verifies. "
                     "Never tears down.",
-        epilog="Exit: 0 pass (prints the meter-stop action), 2 usage, 3 refused with every reason.")
+        formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("--pulled", required=True, help="the promoted pull, DEST/<run_id>")
     parser.add_argument("--source", required=True, help="[HOST:]ROOT on the node, as given to pull_verified.py; "
                                                          "its files are re-hashed there now")

@@ -196,6 +196,34 @@ def test_reading_budget_fails_when_the_skill_body_grows(tmp_path):
     assert any(c["name"].startswith("reading median") and not c["ok"] for c in rep["checks"])
 
 
+def test_reading_as_an_agent_reads_holds_its_ceiling(report):
+    ag = report["reading"]["agent"]
+    assert ag["median"] <= 15000
+    assert ag["median"] > report["reading"]["skill_body"]
+
+
+def test_every_router_row_names_an_entry_point():
+    """Each row that links a reference names where to start in it: a symptom index, a section or an entry."""
+    bare = [line[:70] for _, _, line in rv.router_rows(REPO)
+            if re.search(r"\]\(references/[^)#]+\)", line)
+            and not re.search(r"\]\((?:references|profiles)/[^)]+#[^)]+\)", line)]
+    assert len(bare) <= 2, bare  # principles and the improve/companions row are read as whole files
+
+
+def test_agent_reading_rises_when_rows_name_whole_files(tmp_path):
+    root = tmp_path / "skill"
+    for sub in ("references", "profiles", "scripts", "examples"):
+        shutil.copytree(REPO / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "evals").mkdir()
+    for name in ("cases.jsonl", "triggers.jsonl"):
+        shutil.copy(REPO / "evals" / name, root / "evals" / name)
+    text = (REPO / "SKILL.md").read_text(encoding="utf-8").replace("#index)", ")")
+    (root / "SKILL.md").write_text(text, encoding="utf-8")
+    rep = rv.evaluate(root)
+    assert rep["reading"]["agent"]["median"] > 15000
+    assert any(c["name"].startswith("reading as an agent reads") and not c["ok"] for c in rep["checks"])
+
+
 def test_trigger_check_tells_should_from_should_not():
     phrases = rv.trigger_phrases(rv.description(REPO))
     hit = lambda prompt: sum(w for _, w in rv.trigger_matches(phrases, prompt)) >= 2  # noqa: E731

@@ -394,7 +394,7 @@ def test_mirrors_refuses_to_run_without_check():
     proc = subprocess.run(["bash", str(MIRRORS)], capture_output=True, text=True, env=base_env())
     assert proc.returncode == 2 and "source" in proc.stderr
     proc = subprocess.run(["bash", str(MIRRORS), "--help"], capture_output=True, text=True, env=base_env())
-    assert proc.returncode == 0 and "Exit/return codes" in proc.stdout
+    assert proc.returncode == 0 and "Exit codes (return codes when sourced)" in proc.stdout
 
 
 def test_mirrors_safe_in_a_strict_caller_shell():

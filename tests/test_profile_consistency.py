@@ -17,7 +17,12 @@ disputed is stated as settled in the data, one of them misleads someone about mo
    word or "unknown"; for a storage field, the value or that tier's caps). A billing value that calls itself
    disputed needs an ``uncertain`` entry. When §5 says sources disagree about billing, some billing field
    must be listed under ``uncertain``.
-4. **Boot hook.** §4 says which boot hook re-runs ``boot_resume.py`` after a restart (or that none is known),
+4. **Hedged facts are flagged.** A paragraph or list item of the body that hedges (unconfirmed, unverified,
+   reported, partial, not confirmed, removed docs ...) and names one of the money-or-data fields below
+   (``HEDGED_FACTS``: the words a body uses for it) must have that field flagged: listed under ``uncertain``,
+   or a value that says so itself. A value that cannot carry a word (true, 5, SIGTERM) is flagged only by
+   ``uncertain``, whose note must hedge; index.json carries the note beside the value.
+5. **Boot hook.** §4 says which boot hook re-runs ``boot_resume.py`` after a restart (or that none is known),
    and every ``boot_resume.py --runs-dir DIR`` the profile shows points at its own ``DURABLE_DIR``/runs when the
    frontmatter sets one: a hook that watches another folder re-arms nothing, silently.
 
@@ -38,6 +43,15 @@ DISAGREE = re.compile(r"\b(disagree\w*|contradict\w*|conflict\w*)\b", re.I)
 BILLING_WORDS = re.compile(r"bill|charge|granularit|per second|hourly|per hour|per minute", re.I)
 INLINE = re.compile(r"`([A-Za-z_]+): ([^`]+)`")
 RUNS_DIR = re.compile(r"boot_resume\.py\s+--runs-dir\s+(\S+)")
+BODY_HEDGE = re.compile(r"\b(unconfirmed|unverified|not confirmed|reported|partial|removed (?:all|every) spot)\b", re.I)
+# field -> the words a body uses when it states that fact (storage fields are matched by the tier's path too)
+HEDGED_FACTS = {
+    "billing.os_shutdown_stops_billing": r"\bshutdown\b[^.;]*\b(?:bill|meter|power)",
+    "interruption.spot": r"\bspot\b|\binterruptible\b",
+    "interruption.signal": r"\bSIGTERM\b",
+    "interruption.grace_seconds": r"\bgrace\b|SIGKILL \d+ ?s",
+}
+STORAGE_HEDGED = r"\b(?:wiped|survives?|kept|lost)\b"
 
 
 # ---------------------------------------------------------------- parsing
@@ -164,6 +178,38 @@ def resolve_field(fm: dict, field: str):
     return False, None, ""
 
 
+def body_units(body: str):
+    """The body's paragraphs and list items, each folded to one line (table rows are units too)."""
+    units, current = [], []
+    for line in prose_lines(body):
+        starts = re.match(r"^\s*(?:[-*]|\d+\.|\||>|#)", line)
+        if not line.strip() or starts:
+            if current:
+                units.append(" ".join(current))
+            current = [line.strip()] if line.strip() else []
+        else:
+            current.append(line.strip())
+    if current:
+        units.append(" ".join(current))
+    return units
+
+
+def hedged_fields(fm: dict, body: str) -> list:
+    """The fields a hedging paragraph or list item of BODY names (see HEDGED_FACTS)."""
+    patterns = dict(HEDGED_FACTS)
+    for tier in fm.get("storage") or []:
+        path = str(tier.get("path") or "")
+        if len(path) > 2:  # "/" alone names nothing
+            patterns["storage[%s].survives_pause" % tier.get("tier")] = \
+                re.escape(path) + r"\b[^|.;]{0,40}" + STORAGE_HEDGED + "|" + STORAGE_HEDGED + r"[^|.;]{0,40}" \
+                + re.escape(path) + r"\b"
+    out = set()
+    for unit in body_units(body):
+        if BODY_HEDGE.search(unit):
+            out.update(f for f, rx in patterns.items() if re.search(rx, unit, re.I))
+    return sorted(out)
+
+
 def hedges(value, extra: str = "") -> bool:
     if value is None or value == "unknown":
         return True
@@ -177,6 +223,9 @@ def check_profile(path: Path) -> list:
     fm, body = split_profile(path.read_text(encoding="utf-8"))
     name = path.name
     problems = []
+
+    entries = fm.get("uncertain") or []
+    listed = {str(e.get("field")) for e in entries if isinstance(e, dict)}
 
     # 1. frontmatter storage tiers vs the §2 survival table
     rows = survival_table(section(body, 2))
@@ -194,6 +243,11 @@ def check_profile(path: Path) -> list:
                                 f"no, which one {key} value cannot hold; give each platform its own tier and row")
                 continue
             said = parse_cell(cell)
+            if said is SKIP and isinstance(tier.get(key), bool) and cell.strip() \
+                    and f"storage[{tier.get('tier')}].{key}" not in listed:
+                problems.append(f"{name}: tier {tier.get('tier')!r}: the §2 cell {cell!r} is partial but "
+                                f"{key}={tier.get(key)!r} is stated as settled: list it under uncertain")
+                continue
             if said is not SKIP and said != tier.get(key):
                 problems.append(f"{name}: tier {tier.get('tier')!r}: frontmatter {key}={tier.get(key)!r} "
                                 f"but the §2 table says {cell!r}")
@@ -221,8 +275,11 @@ def check_profile(path: Path) -> list:
     # 3. uncertainty carried by the data
     entries = fm.get("uncertain") or []
     listed = {str(e.get("field")) for e in entries if isinstance(e, dict)}
+    notes = {str(e.get("field")): str(e.get("note") or "") for e in entries if isinstance(e, dict)}
     for field in sorted(listed):
         found, value, extra = resolve_field(fm, field)
+        if value is not None and (not isinstance(value, str) or " " not in value):
+            extra = extra + " " + notes.get(field, "")  # true, 5, SIGTERM cannot hedge: the note must
         if not found:
             problems.append(f"{name}: uncertain names {field!r}, which is not a field of this frontmatter")
         elif not hedges(value, extra):
@@ -240,7 +297,15 @@ def check_profile(path: Path) -> list:
                             "billing field is listed under uncertain")
             break
 
-    # 4. the boot hook named in §4, pointed at this profile's runs dir
+    # 4. every hedged fact of the body is flagged in the data
+    for field in hedged_fields(fm, body):
+        found, value, extra = resolve_field(fm, field)
+        if found and field not in listed and not (isinstance(value, str) and hedges(value, extra)) \
+                and value not in (None, "unknown"):
+            problems.append(f"{name}: the body hedges {field} but the data states it as settled ({value!r}): "
+                            "list it under uncertain")
+
+    # 5. the boot hook named in §4, pointed at this profile's runs dir
     if not re.search(r"boot hook", section(body, 4), re.I):
         problems.append(f"{name}: §4 does not say which boot hook re-runs boot_resume.py after a restart")
     durable = (fm.get("defaults") or {}).get("DURABLE_DIR")
@@ -393,3 +458,39 @@ def test_cell_reading(cell, expected):
         assert got is expected
     else:
         assert got == expected
+
+
+def test_hedged_spot_facts_without_uncertain_are_caught(tmp_path):
+    # RunPod's body says its spot docs were removed; dropping the interruption entries must fail.
+    def edit(text):
+        return re.sub(r"^  - \{field: interruption\.[a-z_]+, note: .*\}\n", "", text, flags=re.M)
+    problems = check_profile(planted(tmp_path, "runpod", edit))
+    assert any("hedges interruption.spot" in p for p in problems), problems
+
+
+def test_hedged_shutdown_billing_without_uncertain_is_caught(tmp_path):
+    # AutoDL's body calls the in-container shutdown unconfirmed; the data's flag must stay.
+    def edit(text):
+        return re.sub(r"^uncertain:\n  - field: billing\.os_shutdown_stops_billing\n(?:    .*\n)+", "", text,
+                      flags=re.M)
+    problems = check_profile(planted(tmp_path, "autodl", edit))
+    assert any("hedges billing.os_shutdown_stops_billing" in p for p in problems), problems
+
+
+def test_partial_survival_cell_without_uncertain_is_caught(tmp_path):
+    # China's /hy-tmp survives a short pause only ("24 h only"): false alone is partial, so it must be flagged.
+    def edit(text):
+        return re.sub(r"^  - field: storage\[Gpushare local SSD\]\.survives_pause\n(?:    .*\n)+", "", text,
+                      flags=re.M)
+    problems = check_profile(planted(tmp_path, "china", edit))
+    assert any("'Gpushare local SSD'" in p and "partial" in p for p in problems), problems
+
+
+def test_an_uncertain_boolean_needs_a_hedging_note(tmp_path):
+    def edit(text):
+        return text.replace("The 30-day removal of stopped Pods is upstream's (2026-06); not in docs.runpod.io, "
+                            "unverified.", "Fine.").replace(
+            'note: "from the spot docs removed 2026-05-06; unconfirmed since"}', 'note: "settled"}', 1)
+    problems = check_profile(planted(tmp_path, "runpod", edit))
+    assert any("interruption.signal is listed as uncertain" in p for p in problems), problems
+

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compile profile frontmatter into profiles/index.json and the platform tables.
+"""Validates profile frontmatter; regenerates profiles/index.json and the platform tables (--check writes nothing).
 
 Local-side tool (needs PyYAML; uses jsonschema when installed). It reads the YAML
 frontmatter of every ``profiles/*.md`` (except README.md and files starting with
@@ -222,7 +222,8 @@ def main(argv=None) -> int:
     ap = Parser(
         description="Validate profiles/*.md frontmatter; write profiles/index.json and the platform "
                     "tables in SKILL.md and README.md.",
-        epilog="Exit: 0 ok, 1 invalid profile or stale output (--check), 2 usage/bad input.")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=core.exit_codes_epilog(__doc__))
     ap.add_argument("--root", type=nonempty_path, default=Path(__file__).resolve().parent.parent,
                     help="repository root (default: the parent of this script's directory)")
     ap.add_argument("--check", action="store_true",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""List the platform facts whose "verified" month is getting old (advisory, for maintainers).
+"""Lists the platform facts whose "verified" month is older than a threshold, so someone re-checks them (advisory).
 
 Every money- or data-affecting fact carries a month: `verified: YYYY-MM` in a profile's frontmatter,
 and "verified YYYY-MM" next to a source in profile and reference bodies. Prices, billing actions and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Stamp the node toolkit: write scripts/node/VERSION.json (a content hash of every tool in it).
+"""Writes scripts/node/VERSION.json, the content hash every node tool checks before it runs (--check: 1 if stale).
 
 The node folder travels to the GPU box as one unit; every node tool refuses to run when a file
 differs from this stamp (rgt_core.check_toolkit), so an old deadman.py can never run beside a new
@@ -39,7 +39,8 @@ def compute(folder=NODE):
 
 
 def main(argv=None):
-    parser = core.Parser(description="Stamp scripts/node/VERSION.json (content hash of the node toolkit).")
+    parser = core.Parser(description="Stamp scripts/node/VERSION.json (content hash of the node toolkit).",
+                         epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("--check", action="store_true", help="exit 1 when the stamp is stale; write nothing")
     parser.add_argument("--json", action="store_true", help="print the stamp on stdout")
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hash an explicit roster of result files into PULL_MANIFEST.json (node side, stdlib only).
+"""Hashes an explicit roster into PULL_MANIFEST.json; an unmatched pattern, empty result, 0-byte or damaged file fails.
 
 Run this ON THE NODE once the job has finished and its outputs sit in a durable directory. The
 manifest binds a run id to the exact files you expect to take home (relative path, size, SHA-256,
@@ -77,7 +77,7 @@ MAX_REPORTED = 50
 def build_parser():
     parser = core.Parser(
         description="Hash an explicit roster of result files into a pull manifest (run on the node).",
-        epilog="Exit: 0 written, 1 a check failed, 2 usage/bad input. Details: module docstring.")
+        formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("--root", required=True, help="durable directory holding the results")
     parser.add_argument("--roster", action="append", required=True, metavar="GLOB",
                         help="expected file or glob relative to --root (repeat; ** allowed)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Say what a training checkpoint holds and what a full-state resume from it would miss.
+"""Says whether a checkpoint loads and which full-state parts a resume from it would miss (optimizer, step, RNG).
 
 Node-side: Python 3.8+ and the standard library; uses PyTorch when it imports.
 
@@ -239,7 +239,8 @@ def inspect(path):
 
 def main(argv=None):
     core.check_toolkit()
-    parser = core.Parser(prog="ckpt_inspect.py", description=__doc__.splitlines()[0])
+    parser = core.Parser(prog="ckpt_inspect.py", description=__doc__.splitlines()[0], formatter_class=core.RawHelp,
+                         epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("path", help="checkpoint file or folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--require", action="append", default=[], metavar="KEY",

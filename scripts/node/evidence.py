@@ -1,4 +1,4 @@
-"""evidence: the one evidence format of the toolkit (Python 3.8+, standard library only).
+"""evidence: the one manifest format and verifier the sync, the pull, the dead-man and the gate all use.
 
 A manifest (schema: manifest.schema.json beside this file, "rgt-pull-manifest/1") binds a run id
 to the exact files of a result: relative POSIX path, size, SHA-256 and, for known checkpoint

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Download one URL to a file over a bad link: resume, retry, detect stalls, fall back to mirrors.
+"""Downloads one URL over a bad link: resumes, retries, catches stalls, falls back to mirrors, checks a hash.
 
 Python 3.8+ and the standard library; part of the node toolkit (push the whole scripts/node folder:
 this script imports rgt_core.py beside it).
@@ -459,7 +459,7 @@ def positive(kind):
 
 def build_parser():
     p = core.Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                    epilog="Exit codes: 0 ok, 1 download or checksum failed, 2 usage/bad input.")
+                    epilog=core.exit_codes_epilog(__doc__))
     p.add_argument("url", help="primary http(s) URL")
     p.add_argument("--out", required=True, metavar="FILE", help="final file path (parents are created)")
     p.add_argument("--fallback", action="append", default=[], metavar="URL", help="next source (repeatable)")
@@ -468,9 +468,11 @@ def build_parser():
                    help="attempts without progress per source before falling back (default 3)")
     p.add_argument("--stall-seconds", type=positive(float), default=60.0, metavar="S",
                    help="no byte for this long = stalled (default 60)")
-    p.add_argument("--connect-timeout", type=positive(float), default=20.0, metavar="S")
+    p.add_argument("--connect-timeout", type=positive(float), default=20.0, metavar="S",
+                   help="seconds to wait for a connection (default 20)")
     p.add_argument("--backoff", type=positive(float), default=2.0, metavar="S", help="first retry delay")
-    p.add_argument("--backoff-max", type=positive(float), default=60.0, metavar="S")
+    p.add_argument("--backoff-max", type=positive(float), default=60.0, metavar="S",
+                   help="longest wait between retries (default 60)")
     p.add_argument("--auth-env", metavar="NAME", help="env var holding a bearer token (value never logged)")
     p.add_argument("--force", action="store_true", help="download even if --out already exists")
     p.add_argument("--progress-every", type=positive(float), default=10.0, metavar="S",

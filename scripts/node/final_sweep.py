@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""final_sweep.py: before a box that ran several runs is released, make sure every run's outputs are on
-durable storage under a verified manifest; sync the ones that are not, and say what could not be saved.
+"""final_sweep.py: before release, every run's outputs are on durable storage and verify, or are named unsaved.
 
 A box that ran a queue or an ablation holds many run dirs. Some synced, some crashed before their
 sync, some wrote more after it, some filled the disk. Releasing the box destroys whatever is only on
@@ -186,7 +185,8 @@ def sweep_one(run_dir, args):
 
 def main(argv=None):
     core.check_toolkit()
-    parser = core.Parser(prog=PROG, description="Before release: every run's outputs on durable storage, verified.")
+    parser = core.Parser(prog=PROG, description="Before release: every run's outputs on durable storage, verified.",
+                         formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("--runs-dir", action="append", required=True, help="a runs dir (DURABLE_DIR/runs)")
     parser.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
     parser.add_argument("--jobs", type=core.arg_number(int, 1, 257), default=4, help="parallel hashing (4)")

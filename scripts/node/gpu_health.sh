@@ -22,14 +22,14 @@
 #   compute processes already holding memory, and NVRM Xid lines in the kernel log (when readable).
 # The last line is "RESULT: OK|WARN|FAIL|NO_GPU — ...". Errors: one line "gpu_health.sh: error: ...".
 #
+# Notes: dmesg inside a container may show the host's kernel log (other tenants' GPUs) or be blocked
+# (kernel.dmesg_restrict=1); an unreadable log is a WARN, never a silent pass. Xid codes treated as
+# hardware failures: 48 (double-bit ECC), 62, 64, 74 (NVLink), 79 (fell off the bus), 95, 119, 120.
+#
 # Exit codes:
 #   0  no FAIL (WARN lines are advice), or no NVIDIA GPU here: "RESULT: NO_GPU" (nvidia-smi absent)
 #   1  at least one FAIL: do not launch on this box (re-rent another one); also NO_GPU with --require-gpu
 #   2  usage error
-#
-# Notes: dmesg inside a container may show the host's kernel log (other tenants' GPUs) or be blocked
-# (kernel.dmesg_restrict=1); an unreadable log is a WARN, never a silent pass. Xid codes treated as
-# hardware failures: 48 (double-bit ECC), 62, 64, 74 (NVLink), 79 (fell off the bus), 95, 119, 120.
 set -u
 
 TEMP_WARN=83

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Phase-0 audit of a training node: what is here, and is it enough to start?
+"""Audits a node (GPUs, driver, disk bytes and inodes, memory, /dev/shm); exit 3 with every reason a gate is unmet.
 
 Run it first on every new box (rented, owned or a cluster node), before any download or launch.
 Python 3.8+ and the standard library; part of the node toolkit (push the whole scripts/node folder:
@@ -727,7 +727,7 @@ def non_negative(kind, below=float("inf")):
 
 def build_parser():
     p = core.Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-               epilog="Exit codes: 0 ok, 2 usage/bad input, 3 a gate refused (reasons on stderr).")
+               epilog=core.exit_codes_epilog(__doc__))
     p.add_argument("--json", action="store_true", help="print the full report as JSON on stdout")
     p.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE (atomic; '-' = stdout)")
     p.add_argument("--profile", metavar="NAME", help="take DATA_DIR/DURABLE_DIR defaults from this profile")
@@ -735,13 +735,15 @@ def build_parser():
     p.add_argument("--durable-dir", metavar="DIR", help="durable directory (default $DURABLE_DIR or profile)")
     p.add_argument("--path", action="append", default=[], metavar="DIR", help="extra path to measure (repeatable)")
     p.add_argument("--torch", action="store_true", help="import torch in a subprocess to read its CUDA view")
-    p.add_argument("--torch-timeout", type=non_negative(float, 1e9), default=60.0, metavar="S")
+    p.add_argument("--torch-timeout", type=non_negative(float, 1e9), default=60.0, metavar="S",
+                   help="timeout for the torch subprocess (default 60)")
     p.add_argument("--gpu-timeout", type=non_negative(float, 1e9), default=8.0, metavar="S",
                    help="timeout for each nvidia-smi call (default 8)")
     p.add_argument("--network", action="store_true", help="check reachability of the default targets")
     p.add_argument("--network-target", action="append", default=[], metavar="HOST[:PORT]",
                    help="target to check instead of the defaults (repeatable; implies --network)")
-    p.add_argument("--network-timeout", type=non_negative(float, 1e9), default=4.0, metavar="S")
+    p.add_argument("--network-timeout", type=non_negative(float, 1e9), default=4.0, metavar="S",
+                   help="timeout for each reachability check (default 4)")
     p.add_argument("--min-free-gb", type=non_negative(float), metavar="N",
                    help="gate: GiB free required on the data and durable dirs")
     p.add_argument("--min-free-inodes", type=non_negative(int), metavar="N",
@@ -842,7 +844,8 @@ def run(args):
 def build_gate_parser():
     p = core.Parser(prog="node_probe.py disk-gate",
                     description="The toolkit's disk gate on each PATH's filesystem (rgt_core.disk_gate).",
-                    epilog="Exit codes: 0 every check passed, 2 usage, 3 refused (reasons on stdout and stderr).")
+                    epilog=core.exit_codes_epilog(ok="every check passed", fail=None,
+                                                  refused="refused (reasons on stdout and stderr)"))
     p.add_argument("paths", nargs="+", metavar="PATH", help="a directory (or a file) whose filesystem is gated")
     p.add_argument("--min-free-gb", type=non_negative(float), default=0.0, metavar="N",
                    help="GiB that must be free (default 0)")

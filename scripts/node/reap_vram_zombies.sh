@@ -38,6 +38,7 @@
 # Output: one line per PID starting with ORPHAN, OWNED, YOUNG, DEFUNCT, ELSEWHERE or GONE; with --kill,
 # KILLED, SKIP or FAIL lines; last line "RESULT: ...". Errors: one line "reap_vram_zombies.sh: error: ...".
 # Every nvidia-smi call has a hard timeout (15 s).
+#
 # Exit codes: 0 listed (and, with --kill, every orphan is gone); 1 an orphan survived or could not be
 # signalled; 2 usage error. Without --pids-from and with no NVIDIA GPU: "RESULT: NO_GPU", exit 0.
 set -u

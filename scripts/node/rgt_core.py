@@ -1,4 +1,4 @@
-"""rgt_core: the one shared core of the node toolkit (Python 3.8+, standard library only).
+"""rgt_core: the one shared core; each safety rule (atomic write, liveness, disk gate, exit codes) lives here once.
 
 Every node script imports this file as a sibling (`import rgt_core as core`); the laptop tools
 import it from scripts/node/. Each safety rule that guards money or data lives here once:
@@ -20,6 +20,7 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
   die_with_parent                    a Popen preexec_fn: the child gets SIGTERM when we die, even by
                                      SIGKILL (Linux prctl; a no-op elsewhere)
   Parser / run_main / die            one-line errors with one prefix and the exit-code contract
+  exit_codes_epilog                  the closing 'Exit codes' paragraph of every --help
   arg_number                         an argparse type for a bounded finite number (nan/inf refused)
   check_toolkit / toolkit_version    the node folder's version stamp (VERSION.json)
   tar_pack_shell / tar_unpack_shell  a tar stream over ssh on a host with no tar (python3 tarfile)
@@ -55,6 +56,34 @@ RUN_STATES = ("starting", "running", "stalled", "syncing", "succeeded", "failed"
 DEFAULT_MIN_FREE_INODES = 10000
 DEFAULT_STALL_MINUTES = 30.0
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
+
+
+RawHelp = argparse.RawDescriptionHelpFormatter  # keeps a docstring's layout in --help
+EXIT_MEANINGS = (("0", "ok", "success"), ("1", "fail", "a check failed"), ("2", "usage", "usage or bad input"),
+                 ("3", "refused", "a gate refused"))
+
+
+def exit_codes_epilog(doc=None, **meanings):
+    """The one closing paragraph of every --help: 'Exit codes: 0 success; 1 a check failed; ...'.
+
+    With DOC (a tool's module docstring) it is that docstring's own 'Exit codes' paragraph, so a tool states
+    its codes once; otherwise the shared contract, where a tool may name what a code means for it (ok=,
+    fail=, usage=, refused=; refused=None leaves out 3 for a tool with no gate; extra='5 ...' adds a code)."""
+    if doc:
+        for para in doc.strip().split("\n\n"):
+            if para.lstrip().lower().startswith("exit codes"):
+                return para.strip("\n")
+    extra = meanings.pop("extra", None)
+    parts = []
+    for code, key, default in EXIT_MEANINGS:
+        text = meanings.pop(key, default)
+        if text is not None:
+            parts.append("%s %s" % (code, text))
+    if meanings:
+        raise TypeError("exit_codes_epilog: unknown keys %s" % sorted(meanings))
+    if extra:
+        parts.append(extra)
+    return "Exit codes: " + "; ".join(parts) + "."
 
 
 class UsageError(Exception):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""run_env.py: record what a run needs to be reproduced, as RUN_DIR/env.json (Python 3.8+, stdlib only).
+"""run_env.py: records a run's interpreter, packages, git state and data hashes as RUN_DIR/env.json, no secrets.
 
 A number is only as trustworthy as the record of how it was made. This writes, beside run.json:
   python     version, implementation and executable of the JOB's interpreter (not this one's):
@@ -406,15 +406,22 @@ def start_detached(run_dir):
 
 def main(argv=None):
     core.check_toolkit()
-    parser = core.Parser(prog=PROG, description="Record a run's environment as RUN_DIR/env.json (see the docstring).")
-    parser.add_argument("run_dir")
-    parser.add_argument("--python", default=None)
-    parser.add_argument("--cwd", default=None)
-    parser.add_argument("--data", action="append", default=[])
-    parser.add_argument("--no-patch", action="store_true")
-    parser.add_argument("--timeout", type=core.arg_number(float, 0.0, 3600.0, low_open=True), default=60.0)
-    parser.add_argument("--compare", default=None)
-    parser.add_argument("--json", action="store_true")
+    parser = core.Parser(prog=PROG, description="Record a run's environment as RUN_DIR/env.json (see the docstring).",
+                         formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run dir; env.json (and code.patch) are written here")
+    parser.add_argument("--python", default=None, metavar="EXE",
+                        help="the job's interpreter (default: run.json's, else python3 on PATH)")
+    parser.add_argument("--cwd", default=None, metavar="DIR",
+                        help="the job's working directory, where git is asked (default: run.json's, else here)")
+    parser.add_argument("--data", action="append", default=[], metavar="PATH",
+                        help="a data file or directory to fingerprint (repeatable)")
+    parser.add_argument("--no-patch", action="store_true",
+                        help="do not save code.patch even when the tree has tracked changes")
+    parser.add_argument("--timeout", type=core.arg_number(float, 0.0, 3600.0, low_open=True), default=60.0,
+                        metavar="S", help="hard timeout of each external command (default 60)")
+    parser.add_argument("--compare", default=None, metavar="FILE",
+                        help="record as usual, then compare with another run's env.json (WARN/FAIL lines)")
+    parser.add_argument("--json", action="store_true", help="print the record (or the comparison) as JSON")
     args = parser.parse_args(argv)
     run_dir = os.path.abspath(args.run_dir)
     if not os.path.isdir(run_dir):

@@ -29,10 +29,11 @@
 # conda channels are not changed (they live in ~/.condarc); never point pytorch-nightly at a mirror.
 # Values are printed with any user:password@ part masked; proxy values are never printed.
 #
-# Exit/return codes: 0 applied (and, with --check, every endpoint answered); 1 --check found an endpoint
-# that did not answer; 2 executed without --check (it must be sourced to have any effect), or bad usage
-# (one line "setup-china-mirrors.sh: error: ..."; no curl or wget for --check is also a 1, said per endpoint).
 # When sourced, arguments other than --check/--quiet/--json are ignored: they may be the caller's own.
+#
+# Exit codes (return codes when sourced): 0 applied (and, with --check, every endpoint answered); 1 --check
+# found an endpoint that did not answer (no curl or wget is also a 1, said per endpoint); 2 executed without
+# --check (it must be sourced to have any effect), or bad usage (one line "setup-china-mirrors.sh: error: ...").
 
 if (return 0 2>/dev/null); then _rgt_cm_sourced=1; else _rgt_cm_sourced=0; fi
 

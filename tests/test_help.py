@@ -1,0 +1,195 @@
+"""Help that answers (issue 30): every option of every script has help text, every --help ends with the
+exit codes, and every tool's docstring opens with one line saying what it guarantees.
+
+Options are read the way an agent reads them: by running `--help` (and `SUB --help` for each subcommand)
+and parsing argparse's listing. A shell script's --help is checked for the exit codes only (its options
+are documented in its header, which test_toolkit holds to what the script accepts)."""
+import ast
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import NODE, REPO, SCRIPTS, TOOLS
+
+sys.path.insert(0, str(NODE))
+import rgt_core as core  # noqa: E402
+
+LIBRARIES = {"rgt_core.py", "evidence.py"}  # imported, never run: no --help
+PYTHON = sorted([p for p in SCRIPTS.glob("*.py")] + [p for p in NODE.glob("*.py") if p.name not in LIBRARIES]
+                + sorted(TOOLS.glob("*.py")) + sorted((REPO / "evals").glob("*.py")))
+SHELL = sorted(NODE.glob("*.sh"))
+
+# PENDING_LEAD: the lead is rewriting these node tools (issue 30 leaves them to the lead; supervise.py, the fifth,
+# already passes and is checked). Their options
+# and epilogs are not checked until the lead adds the help text and core.exit_codes_epilog(); the lead empties
+# this set. test_pending_lead_list_is_still_needed fails once a listed tool passes, so the list cannot go stale.
+PENDING_LEAD = {"deadman.py", "idle_watch.py", "run_status.py", "boot_resume.py"}
+
+ENV = dict(os.environ, RGT_SKIP_VERSION_CHECK="1", COLUMNS="100")
+ITEM = re.compile(r"^(  |    )(\S.*?)(?:\s{2,}(\S.*))?$")
+SECTION = re.compile(r"^[A-Za-z][\w ,()-]*:\s*$")
+
+
+def run_help(cmd):
+    res = subprocess.run(cmd + ["--help"], capture_output=True, text=True, env=ENV, timeout=60)
+    return res.returncode, res.stdout
+
+
+def items_without_help(text):
+    """The options, positionals and subcommands argparse lists with no help text.
+
+    Inside a section ('options:', 'positional arguments:', a named group) an entry is a line indented two
+    spaces (four for a subcommand under its {a,b} line); its help is on the same line after two spaces or
+    on the next line indented six or more. The {a,b} line itself needs none: its subcommands carry it."""
+    out, inside, lines = [], False, text.splitlines()
+    for i, line in enumerate(lines):
+        if SECTION.match(line):
+            inside = not line.lower().startswith(("usage", "exit", "example"))
+            continue
+        if not line.strip():
+            inside = False
+            continue
+        m = ITEM.match(line) if inside else None
+        if not m or m.group(3) or m.group(2).startswith("{"):
+            continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        if re.match(r"^ {6,}\S", nxt):
+            continue  # the help is on the next, deeper-indented line
+        out.append(m.group(2).strip())
+    return out
+
+
+def subcommands(text):
+    """Subcommand names: from the usage line ({a,b,c}), else the four-space entries argparse lists under a
+    positional with a metavar (COMMAND)."""
+    m = re.search(r"\{([a-z][a-z0-9_-]*(?:,[a-z][a-z0-9_-]*)*)\}", text.split("\n\n")[0])
+    if m:
+        return m.group(1).split(",")
+    section = re.search(r"^positional arguments:\n((?:  .*\n?)+)", text, re.M)
+    return re.findall(r"^    ([a-z][a-z0-9_-]*)(?:\s{2,}|$)", section.group(1), re.M) if section else []
+
+
+def ends_with_exit_codes(text):
+    paragraphs = [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+    return bool(paragraphs) and paragraphs[-1].lstrip().lower().startswith("exit codes")
+
+
+def help_problems(path):
+    """[problem] for one Python tool: entries without help, and --help outputs not ending in the exit codes."""
+    problems = []
+    rc, text = run_help([sys.executable, str(path)])
+    if rc != 0 or not text.strip():
+        return ["%s --help exits %d with %d chars on stdout" % (path.name, rc, len(text))]
+    pages = [(path.name, text)]
+    for sub in subcommands(text):
+        rc, more = run_help([sys.executable, str(path), sub])
+        if rc != 0:
+            problems.append("%s %s --help exits %d" % (path.name, sub, rc))
+        elif more != text:
+            pages.append(("%s %s" % (path.name, sub), more))
+    for name, page in pages:
+        bare = items_without_help(page)
+        if bare:
+            problems.append("%s --help: no help text for %s" % (name, ", ".join(bare)))
+        if not ends_with_exit_codes(page):
+            problems.append("%s --help does not end with the exit codes" % name)
+    return problems
+
+
+@pytest.mark.parametrize("path", [p for p in PYTHON if p.name not in PENDING_LEAD], ids=lambda p: p.name)
+def test_every_option_has_help_and_help_ends_with_exit_codes(path):
+    assert help_problems(path) == []
+
+
+@pytest.mark.parametrize("path", SHELL, ids=lambda p: p.name)
+def test_shell_help_ends_with_exit_codes(path):
+    res = subprocess.run(["bash", str(path), "--help"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert res.returncode == 0, res.stderr[-300:]
+    assert ends_with_exit_codes(res.stdout), res.stdout[-400:]
+
+
+def test_pending_lead_list_is_still_needed():
+    """An exemption the lead's rewrite made unnecessary is removed, not kept."""
+    stale = sorted(name for name in PENDING_LEAD
+                   if not help_problems(NODE / name) and not docstring_problems(NODE / name))
+    assert not stale, "remove from PENDING_LEAD: %s" % stale
+
+
+def test_pending_lead_names_only_existing_tools():
+    assert {p.name for p in PYTHON} >= PENDING_LEAD
+
+
+def docstring_problems(path):
+    """The docstring must open with one line of its own (what the tool guarantees), then a blank line."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
+    lines = doc.strip("\n").split("\n")
+    if not lines[0].strip():
+        return ["%s has no docstring" % path.name]
+    if len(lines) > 1 and lines[1].strip():
+        return ["%s: the docstring's first line runs on into a second: %r" % (path.name, lines[1][:60])]
+    if len(lines[0]) > 120:
+        return ["%s: the first line is %d chars (at most 120)" % (path.name, len(lines[0]))]
+    return []
+
+
+@pytest.mark.parametrize("path", [p for p in PYTHON + [NODE / n for n in sorted(LIBRARIES)]
+                                  if p.name not in PENDING_LEAD], ids=lambda p: p.name)
+def test_docstring_opens_with_one_line(path):
+    assert docstring_problems(path) == []
+
+
+def test_epilog_helper_names_every_code():
+    text = core.exit_codes_epilog()
+    assert text.startswith("Exit codes:")
+    for code in ("0", "1", "2", "3"):
+        assert re.search(r"\b%s\b" % code, text)
+    assert "nothing matched" in core.exit_codes_epilog(fail="nothing matched")
+
+
+# ---------------------------------------------------------------- the checks can fail
+
+BARE = """usage: x.py [-h] [--json] [--out FILE] {a,b} ...
+
+positional arguments:
+  {a,b}
+    a          does a
+    b
+  path         a path
+
+options:
+  -h, --help   show this help message and exit
+  --json
+  --out FILE   where to write
+  --long-option-name LONG_OPTION_NAME
+                        help on the next line
+
+Exit codes: 0 ok; 1 failed.
+"""
+
+
+def test_parser_finds_bare_options_and_a_missing_epilog():
+    assert items_without_help(BARE) == ["b", "--json"]
+    assert ends_with_exit_codes(BARE)
+    assert not ends_with_exit_codes(BARE.replace("Exit codes: 0 ok; 1 failed.\n", "See the README.\n"))
+    assert subcommands(BARE) == ["a", "b"]
+    assert subcommands("usage: r [-h] COMMAND\n\npositional arguments:\n  COMMAND\n    push   p\n    gate\n") \
+        == ["push", "gate"]
+
+
+def test_a_docstring_that_runs_on_fails(tmp_path):
+    tool = tmp_path / "t.py"
+    tool.write_text('"""Does a thing and\nthen another."""\n')
+    assert docstring_problems(tool)
+    tool.write_text('"""Does a thing.\n\nMore."""\n')
+    assert docstring_problems(tool) == []
+
+
+def test_a_tool_without_help_text_fails(tmp_path):
+    tool = tmp_path / "bare.py"
+    tool.write_text('"""Does a thing."""\nimport argparse\np = argparse.ArgumentParser()\n'
+                    'p.add_argument("--json", action="store_true")\np.parse_args()\n')
+    problems = help_problems(tool)
+    assert any("--json" in p for p in problems) and any("exit codes" in p for p in problems)
