@@ -1,0 +1,505 @@
+"""Watchers that cannot fail open (issue 23): one stop engine, one run record, every watcher guarded.
+
+Each test is named after the finding it keeps fixed (../shared/reports/redteam-2026-12-03-node.md A<n>,
+design-review-2026-12-03.md B<n>, the field test R<n>). Rules are tested as tables over the watcher's
+own functions with the clock passed in; the drills (full disk, shebang-less stop, a stop that stops
+nothing) run real dead-man processes.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import NODE, missing
+
+sys.path.insert(0, str(NODE))
+import deadman  # noqa: E402
+import evidence  # noqa: E402
+import idle_watch  # noqa: E402
+import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402
+import sessions  # noqa: E402
+import stop_engine  # noqa: E402
+import supervise  # noqa: E402
+
+DEADMAN = str(NODE / "deadman.py")
+IDLE = str(NODE / "idle_watch.py")
+RUN_STATUS = str(NODE / "run_status.py")
+POLL = "0.05"
+
+
+def stand_in(folder, name="stop", rc=0, shebang=True):
+    """A stop command that appends one line per call to <name>.calls and exits RC."""
+    calls = folder / ("%s.calls" % name)
+    script = folder / ("%s.sh" % name)
+    body = 'echo "%s $*" >> "%s"\nexit %d\n' % (name, calls, rc)
+    script.write_text(("#!/bin/sh\n" if shebang else "") + body)
+    script.chmod(0o755)
+    return str(script), calls
+
+
+def calls_of(path):
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def finished_run(folder, **extra):
+    run = folder / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    doc = {"state": "succeeded", "exit_code": 0, "ended_at": core.utc_iso()}
+    doc.update(extra)
+    (run / "status.json").write_text(json.dumps(doc))
+    return run
+
+
+def arm_fg(run, *args, env=None, timeout=60):
+    return subprocess.run([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
+                           "--foreground", *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def cfg_for(run, *args):
+    """The dead-man's config for these arm options, built by its own parser (no process)."""
+    ns = deadman.build_parser().parse_args(["arm", "--run-dir", str(run), *map(str, args)])
+    cfg, _warnings = deadman.build_config(ns, str(run))
+    return cfg
+
+
+@pytest.fixture
+def child():
+    """A live process standing for a job; killed afterwards."""
+    procs = []
+
+    def start(code="import time; time.sleep(600)"):
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.DEVNULL)
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait(timeout=10)
+
+
+def running_status(run, proc, **extra):
+    doc = {"state": "running", "run_id": run.name, "job_pid": proc.pid,
+           "job_identity": core.process_identity(proc.pid), "started_at": core.utc_iso()}
+    doc.update(extra)
+    (run / "status.json").write_text(json.dumps(doc))
+
+
+# ----------------------------------------------------------------------------- the stop engine: drills
+
+def test_finding_node_A8_a_shebang_less_stop_runs_through_sh_and_is_checked_at_arm(tmp_path):
+    stop, calls = stand_in(tmp_path, shebang=False)          # AutoDL's in-container `shutdown` looks like this
+    run = finished_run(tmp_path)
+    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop + " now")
+    assert res.returncode == 0, res.stderr
+    fired = json.loads((run / "DEADMAN_FIRED.json").read_text())
+    assert calls_of(calls) == ["stop now"] and fired["ok"] is True
+    assert fired["attempts"][0]["rc"] == 0 and fired["attempts"][0]["via_sh"] is True
+    assert "runs through /bin/sh" in res.stderr
+    # a stop that cannot run is refused when armed, with one clear line, not found out when it fires
+    res = arm_fg(tmp_path / "run", "--stop-cmd", str(tmp_path / "no-such-stop"))
+    assert res.returncode == 3 and "cannot run" in res.stderr and "Traceback" not in res.stderr
+    res = arm_fg(tmp_path / "run", "--stop-cmd", "stop $RGT_SURELY_UNSET_VAR_1")
+    assert res.returncode == 3 and "$RGT_SURELY_UNSET_VAR_1" in res.stderr
+
+
+def test_finding_node_A8_the_program_found_at_arm_time_is_the_one_that_runs(tmp_path):
+    first, later = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    later.mkdir()
+    real, real_calls = stand_in(first, "shutdown")
+    os.replace(real, first / "shutdown")
+    env_path = "%s%s%s" % (first, os.pathsep, os.environ["PATH"])
+    program, problem = None, None
+    old = os.environ["PATH"]
+    os.environ["PATH"] = env_path
+    try:
+        program, problem = stop_engine.describe_program("shutdown -h now")
+        # later a different `shutdown` appears earlier on PATH: the armed plan still runs the first one
+        impostor, impostor_calls = stand_in(later, "impostor")
+        os.replace(impostor, later / "shutdown")
+        os.environ["PATH"] = "%s%s%s" % (later, os.pathsep, env_path)
+        argv, why = stop_engine.runnable(["shutdown", "-h", "now"], program)
+    finally:
+        os.environ["PATH"] = old
+    assert problem is None
+    assert argv[0] == str(first / "shutdown") and why is None
+    assert subprocess.run(argv).returncode == 0
+    assert calls_of(real_calls) == ["shutdown -h now"] and calls_of(impostor_calls) == []
+
+
+def test_finding_node_A9_a_stop_that_stops_nothing_is_not_confirmed_retried_and_escalated(tmp_path):
+    stop, calls = stand_in(tmp_path)                         # exits 0, the box stays up
+    fallback, fb_calls = stand_in(tmp_path, "fallback")
+    run = finished_run(tmp_path, run_id="r9")
+    res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop, "--fallback-stop-cmd", fallback,
+                 "--confirm-seconds", "0.2", "--retries", "2", "--retry-backoff", "0")
+    assert res.returncode == 1, res.stderr
+    fired = json.loads((run / "DEADMAN_FIRED.json").read_text())
+    assert fired["ok"] is False and fired["confirmed"] is False
+    assert len(calls_of(calls)) == 2 and len(calls_of(fb_calls)) == 2
+    assert [a["confirmation"]["method"] for a in fired["attempts"]] == ["still_up", "still_up"]
+    assert fired["escalations"] and "NOT CONFIRMED" in fired["escalations"][0]["why"]
+    out = subprocess.run([sys.executable, RUN_STATUS, str(run), "--no-gpu"], capture_output=True, text=True)
+    assert "STOP NOT CONFIRMED" in out.stdout, out.stdout + out.stderr
+
+
+def test_finding_review_B1_a_full_durable_disk_never_keeps_the_stop_from_running(tmp_path):
+    """The run dir on a 1 MiB tmpfs, filled to the last byte before the dead-man fires: it still stops."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        missing("the full-disk drill mounts a tmpfs: run the tests as root (CI does)")
+    mnt = tmp_path / "durable"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode != 0:
+        missing("mount -t tmpfs failed here (a container without CAP_SYS_ADMIN)")
+    try:
+        stop, calls = stand_in(tmp_path)                     # outside the full disk, like a platform CLI
+        run = finished_run(mnt)
+        armed = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
+                                  "--foreground", "--grace-minutes", "0.02", "--stop-cmd", stop],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while not (run / "deadman.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        subprocess.run(["dd", "if=/dev/zero", "of=%s" % (mnt / "fill"), "bs=64k"], capture_output=True)
+        assert subprocess.run(["sh", "-c", "echo x > %s/probe" % mnt], capture_output=True).returncode != 0
+        _out, err = armed.communicate(timeout=60)
+        assert armed.returncode == 0, err
+        assert calls_of(calls) == ["stop "], "the stop did not run on a full disk"
+        assert "Traceback" not in err
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_finding_review_B1_records_give_up_the_reserve_then_never_raise(tmp_path, monkeypatch):
+    reserve = tmp_path / ".rgt-watch-reserve"
+    assert core.make_reserve(str(reserve), 4096) and reserve.stat().st_size == 4096
+    real = core.atomic_write_json
+    calls = []
+
+    def full(path, obj):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(path, obj)
+    monkeypatch.setattr(core, "atomic_write_json", full)
+    assert core.write_json_best_effort(str(tmp_path / "x.json"), {"a": 1}, reserve=str(reserve)) is None
+    assert not reserve.exists() and json.loads((tmp_path / "x.json").read_text()) == {"a": 1}
+    monkeypatch.setattr(core, "atomic_write_json", lambda p, o: (_ for _ in ()).throw(OSError(30, "Read-only")))
+    assert "Read-only" in core.write_json_best_effort(str(tmp_path / "y.json"), {}, reserve=str(reserve))
+
+
+def test_a_tick_that_raises_never_ends_the_watch_and_a_lasting_error_fires(tmp_path):
+    run = finished_run(tmp_path)
+    dm = deadman.Deadman(str(run), cfg_for(run, "--stop-cmd", "true", "--stall-minutes", "1"), False)
+
+    def broken(_now):
+        raise ValueError("a damaged record")
+    dm.evaluate = broken
+    t0 = dm.armed_mono
+    assert dm.guarded_evaluate(t0 + 1) is None
+    assert dm.guarded_evaluate(t0 + 30) is None
+    verdict = dm.guarded_evaluate(t0 + 62)
+    assert verdict[0] == "watch_error" and "a damaged record" in verdict[1]
+
+
+# ----------------------------------------------------------------------------- the idle mode
+
+def idle_arm(watch, *args, env=None):
+    return subprocess.run([sys.executable, IDLE, "arm", "--watch-dir", str(watch), "--no-gpu", "--ignore-ssh",
+                           "--idle-minutes", "0.001", "--poll-seconds", POLL, "--foreground", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_finding_review_B2_the_idle_watch_expands_variables_like_the_dead_man(tmp_path):
+    stop, calls = stand_in(tmp_path)
+    env = dict(os.environ, RGT_TEST_POD="pod-77")
+    res = idle_arm(tmp_path / "w", "--stop-cmd", stop + ' stop "$RGT_TEST_POD"', env=env)
+    assert res.returncode == 0, res.stderr
+    assert calls_of(calls) == ["stop stop pod-77"]
+    fired = json.loads((tmp_path / "w" / "IDLE_FIRED.json").read_text())
+    assert "pod-77" not in json.dumps(fired), "an expanded value leaked into the record"
+
+
+def test_finding_node_A10_the_idle_watch_never_counts_a_failed_stop_as_done(tmp_path):
+    stop, calls = stand_in(tmp_path, rc=1)
+    res = idle_arm(tmp_path / "w", "--stop-cmd", stop, "--retries", "3", "--retry-backoff", "0")
+    assert res.returncode == 1
+    fired = json.loads((tmp_path / "w" / "IDLE_FIRED.json").read_text())
+    assert fired["ok"] is False and len(calls_of(calls)) == 3 and fired["escalations"]
+    st = subprocess.run([sys.executable, IDLE, "status", "--watch-dir", str(tmp_path / "w")],
+                        capture_output=True, text=True)
+    assert st.returncode == 1 and "ok=False" in st.stdout
+
+
+def test_the_idle_watch_has_no_stop_code_of_its_own():
+    source = (NODE / "idle_watch.py").read_text()
+    assert "run_bounded(argv" not in source and "stop_argv" not in source
+    assert issubclass(idle_watch.IdleWatch, deadman.Watcher)
+    assert idle_watch.IdleWatch.fire is not deadman.Watcher.fire   # a thin wrapper, calling it
+    assert "Watcher.fire(self" in source
+
+
+@pytest.mark.parametrize("title,expected", [
+    ("sshd: alice@pts/3", ("alice", "pts/3")),
+    ("sshd: alice@notty", ("alice", "notty")),
+    ("sshd: alice", ("alice", "tunnel")),                        # ssh -N -L: no session channel
+    ("sshd-session: alice", ("alice", "tunnel")),                # OpenSSH 9.8+
+    ("sshd-session: root@pts/0", ("root", "pts/0")),
+    ("sshd: alice [priv]", None),
+    ("sshd: unknown [net]", None),
+    ("sshd: alice [preauth]", None),
+    ("sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups", None),
+    ("/usr/sbin/sshd -D -f /tmp/cfg", None),
+])
+def test_finding_node_A6_and_field_R8_tunnels_are_sessions(title, expected):
+    assert sessions.parse_title(title) == expected
+
+
+@pytest.mark.parametrize("steps,expected", [
+    # (now, activity) per poll -> holding at the last poll; idle cutoff 1 min, cap 10 min
+    ([(0, 5), (30, 6), (59, 7)], True),                          # traffic moves: holds
+    ([(0, 5), (30, 5), (61, 5)], False),                         # no traffic for a minute: stops counting
+    ([(0, None), (300, None), (599, None)], True),               # unreadable activity counts until the cap
+    ([(0, None), (300, None), (601, None)], False),              # ... and not after it
+    ([(0, 1), (50, 2), (100, 3), (599, 4), (601, 5)], False),    # even a busy session hits the cap
+])
+def test_finding_node_A11_an_ssh_session_never_holds_the_stop_off_for_ever(steps, expected):
+    rule = sessions.SshRule(idle_minutes=1, max_minutes=10)
+    holding = None
+    for now, activity in steps:
+        holding = rule.hold(now, [{"key": "1:1", "label": "alice@tunnel", "activity": activity}])[0]
+    assert holding is expected
+
+
+# ----------------------------------------------------------------------------- many runs on one box
+
+def neighbour_run(folder, name, proc, watched, progressing):
+    run = folder / "runs" / name
+    run.mkdir(parents=True)
+    running_status(run, proc)
+    (run / "job.log").write_text("step 1\n")
+    if not progressing:
+        old = time.time() - 3600
+        os.utime(run / "job.log", (old, old))
+    if watched:   # a dead-man record whose process is alive (this test process stands for it)
+        (run / "deadman.json").write_text(json.dumps({"pid": os.getpid(), "identity": core.process_identity(),
+                                                      "state": "armed", "armed_at": core.utc_iso(),
+                                                      "config": {}}))
+    return run
+
+
+@pytest.mark.parametrize("watched,progressing,holds", [
+    (True, True, True), (True, False, False), (False, True, False), (False, False, False)])
+def test_finding_node_A12_only_a_watched_progressing_neighbour_holds_the_stop(tmp_path, child, watched,
+                                                                              progressing, holds):
+    done = tmp_path / "runs" / "done"
+    done.mkdir(parents=True)
+    (done / "status.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0,
+                                                 "ended_at": core.utc_iso(time.time() - 600)}))
+    neighbour_run(tmp_path, "other", child(), watched, progressing)
+    dm = deadman.Deadman(str(done), cfg_for(done, "--stop-cmd", "true", "--grace-minutes", "1"), False)
+    verdict = dm.evaluate(dm.armed_mono + 120)
+    assert (verdict is None) is holds
+    if not holds:
+        assert verdict[0] == "job_ended"
+
+
+def test_finding_field_R3_a_stall_stops_that_run_not_the_box_under_a_healthy_run(tmp_path, child):
+    hung = tmp_path / "runs" / "hung"
+    hung.mkdir(parents=True)
+    running_status(hung, child())
+    neighbour_run(tmp_path, "healthy", child(), watched=True, progressing=True)
+    dm = deadman.Deadman(str(hung), cfg_for(hung, "--stop-cmd", "true", "--stall-minutes", "1"), False)
+    verdict = dm.evaluate(dm.armed_mono + 120)
+    assert verdict[0] == "stall_run" and "healthy" in verdict[1]
+    # once no other run trains, the same stall stops the box
+    shutil.rmtree(tmp_path / "runs" / "healthy")
+    dm2 = deadman.Deadman(str(hung), cfg_for(hung, "--stop-cmd", "true", "--stall-minutes", "1"), False)
+    assert dm2.evaluate(dm2.armed_mono + 120)[0] == "stall"
+
+
+def test_finding_field_R3_stop_own_job_signals_only_that_job(tmp_path, child):
+    hung = tmp_path / "runs" / "hung"
+    hung.mkdir(parents=True)
+    proc = child()
+    running_status(hung, proc)
+    dm = deadman.Deadman(str(hung), cfg_for(hung, "--stop-cmd", "true", "--term-grace-seconds", "5",
+                                            "--sync-wait-seconds", "0"), False)
+    dm.stop_own_job("stalled", proc.pid, True)
+    assert proc.wait(timeout=10) == -signal.SIGTERM
+    record = json.loads((hung / "STALL_STOPPED.json").read_text())
+    assert record["box_stop"] is False and record["job_term"]["job_exited"] is True
+    assert not (hung / "DEADMAN_FIRED.json").exists()
+
+
+def test_finding_field_R11_a_held_dead_man_never_fires_before_its_grace(tmp_path):
+    done = finished_run(tmp_path, ended_at=core.utc_iso(time.time() - 600))
+    dm = deadman.Deadman(str(done), cfg_for(done, "--stop-cmd", "true", "--grace-minutes", "1"), False)
+    seen = {"others": ["b"]}
+    dm.neighbours = lambda: (seen["others"], [])
+    t0 = dm.armed_mono
+    assert dm.evaluate(t0 + 10) is None                      # b trains: held
+    assert dm.evaluate(t0 + 40) is None                      # still held (last seen active at +40)
+    seen["others"] = []                                      # b ended somewhere between +40 and +70
+    assert dm.evaluate(t0 + 70) is None                      # first seen gone at +70: the grace starts here
+    assert dm.evaluate(t0 + 129) is None                     # the old rule fired here (+40 + 60 s)
+    assert dm.evaluate(t0 + 131)[0] == "job_ended"
+
+
+def test_finding_node_A15_a_run_under_another_durable_dir_is_seen(tmp_path, child):
+    registry = tmp_path / "registry"
+    mine = tmp_path / "durA" / "runs" / "a"
+    mine.mkdir(parents=True)
+    other = tmp_path / "durB" / "runs" / "b"
+    other.mkdir(parents=True)
+    running_status(other, child())
+    (other / "job.log").write_text("step 1\n")
+    assert runrec.register(str(other), str(registry)) is None
+    found = runrec.active_neighbours([str(mine)], [str(mine.parent)], None, str(registry))
+    assert [n["name"] for n in found] == ["b"]
+    assert runrec.active_neighbours([str(mine)], [str(mine.parent)], None, str(tmp_path / "empty")) == []
+
+
+def test_finding_node_A7_a_torn_status_json_is_never_no_job(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "status.json").write_text('{"state": "runn')      # torn by a full disk
+    (run / "job.log").write_text("step 9\n")
+    dm = deadman.Deadman(str(run), cfg_for(run, "--stop-cmd", "true", "--grace-minutes", "0.01",
+                                           "--stall-minutes", "10"), False)
+    t0 = dm.armed_mono
+    for later in (1, 30, 300):
+        assert dm.evaluate(t0 + later) is None, "fired no_job on an unreadable status.json"
+    assert dm.evaluate(t0 + 601)[0] == "stall"               # the stall rule still holds
+    doc, problem = runrec.read_status(str(run))
+    assert doc is None and "torn" in problem
+
+
+# ----------------------------------------------------------------------------- the job and its attempts
+
+SIGNAL_JOB = r"""
+import signal, sys, time
+def got(signum, frame):
+    open(sys.argv[1], "w").write(signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGINT, got)
+signal.signal(signal.SIGTERM, got)
+open(sys.argv[1] + ".ready", "w").close()
+time.sleep(600)
+"""
+
+
+def test_finding_node_A2_and_field_R6_the_dead_man_sends_the_runs_stop_signal(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    marker = tmp_path / "got"
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_JOB, str(marker)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30      # the handlers are installed once it says so
+        while not os.path.exists(str(marker) + ".ready") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (run / "run.json").write_text(json.dumps({"stop_signal": "INT"}))
+        running_status(run, proc)
+        dm = deadman.Deadman(str(run), cfg_for(run, "--stop-cmd", "true", "--term-grace-seconds", "10",
+                                               "--sync-wait-seconds", "0"), False)
+        rec = dm.term_job(proc.pid)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rec["signal"] == "SIGINT" and marker.read_text() == "SIGINT"
+
+
+def test_finding_node_A13_an_attempt_that_dies_while_starting_is_counted(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for expected in (1, 2, 3):
+        supervise.move_old_evidence(str(run))                 # what init does before it numbers the attempt
+        assert runrec.attempt_number(str(run)) == expected
+        # this attempt dies while starting: started_at never written
+        (run / "status.json").write_text(json.dumps({"state": "starting", "started_at": None,
+                                                     "attempt": expected}))
+    supervise.move_old_evidence(str(run))
+    assert runrec.attempt_number(str(run)) == 4
+
+
+def test_finding_node_A3_a_leftover_process_in_the_group_never_blocks_the_sync(tmp_path):
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, RGT_GROUP_WAIT_SECONDS="0.5", RGT_GROUP_TERM_SECONDS="2")
+    job = ["sh", "-c", "sleep 300 & echo trained > model.txt; exit 0"]    # `tensorboard &` in a train.sh
+    res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir", str(durable),
+                          "--run-id", "a3", "--disk-floor-gb", "0", "--no-deadman", "--output", "model.txt",
+                          "--wait", "--", *job], cwd=str(work), capture_output=True, text=True, env=env,
+                         timeout=120)
+    status = json.loads((durable / "runs" / "a3" / "status.json").read_text())
+    assert status["state"] == "succeeded", res.stdout + res.stderr
+    assert status["sync"]["ok"] is True and status["sync"]["verified"] is True
+    log = (durable / "runs" / "a3" / "job.log").read_text()
+    assert "still has members: sending SIGTERM" in log
+
+
+def test_finding_node_A4_the_manifest_re_read_reports_progress(tmp_path):
+    (tmp_path / "a.bin").write_bytes(os.urandom(3 << 20))
+    (tmp_path / "b.bin").write_bytes(os.urandom(1 << 20))
+    heard = []
+    manifest, problems, _ = evidence.build_manifest(str(tmp_path), ["*.bin"], "r", progress=False,
+                                                    on_bytes=heard.append)
+    assert not problems and sum(heard) == manifest["total_bytes"] == 4 << 20 and len(heard) >= 4
+
+
+# ----------------------------------------------------------------------------- re-arm and old code
+
+def test_finding_review_B3_the_re_arm_keeps_every_setting(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    stop, _ = stand_in(tmp_path)
+    fallback, _ = stand_in(tmp_path, "fallback")
+    pre, _ = stand_in(tmp_path, "pre")
+    options = ["--stall-minutes", "12.5", "--grace-minutes", "7", "--max-hours", "12", "--wait-ssh",
+               "--ssh-wait-max-minutes", "45", "--ssh-idle-minutes", "9", "--allow-destructive",
+               "--fallback-stop-cmd", fallback, "--pre-stop-cmd", pre, "--pre-stop-timeout", "33",
+               "--retries", "5", "--retry-backoff", "4", "--stop-timeout", "66", "--confirm-seconds", "20",
+               "--term-grace-seconds", "11", "--sync-wait-seconds", "44", "--poll-seconds", "3", "--dry-run",
+               "--registry", str(tmp_path / "reg"), "--stop-cmd", stop]
+    first = cfg_for(run, *options)
+    again = cfg_for(run, *deadman.cfg_to_argv(first))
+    for key in ("identity",):
+        first.pop(key, None)
+        again.pop(key, None)
+    assert again == first
+    # every option of the table is covered by this round trip
+    given = {o for o in options if o.startswith("--")}
+    assert {flag for _k, flag, _t, _d, _h in deadman.WATCH_OPTIONS} <= given
+
+
+def test_boot_resume_re_arms_with_every_setting(tmp_path):
+    import boot_resume
+    run = tmp_path / "run"
+    run.mkdir()
+    stop, _ = stand_in(tmp_path)
+    cfg = cfg_for(run, "--stop-cmd", stop, "--max-hours", "12", "--retries", "5", "--wait-ssh",
+                  "--pre-stop-cmd", stop)
+    (run / "deadman.json").write_text(json.dumps({"config": cfg}))
+    argv = boot_resume.rearm_args(str(run))
+    assert cfg_for(run, *argv) == cfg
+
+
+def test_a_dead_man_running_older_code_is_flagged(tmp_path):
+    run = finished_run(tmp_path)
+    (run / "deadman.json").write_text(json.dumps({"pid": os.getpid(), "identity": core.process_identity(),
+                                                  "state": "armed", "armed_at": core.utc_iso(), "config": {},
+                                                  "loaded_version": "0000old00000"}))
+    out = subprocess.run([sys.executable, RUN_STATUS, str(run), "--no-gpu"], capture_output=True, text=True)
+    assert "OLDER CODE (0000old00000)" in out.stdout, out.stdout + out.stderr
