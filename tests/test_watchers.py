@@ -448,6 +448,22 @@ def test_finding_node_A3_a_leftover_process_in_the_group_never_blocks_the_sync(t
     assert status["sync"]["ok"] is True and status["sync"]["verified"] is True
     log = (durable / "runs" / "a3" / "job.log").read_text()
     assert "still has members: sending SIGTERM" in log
+    # the run record written by runrec holds to its schema
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((NODE / "status.schema.json").read_text())
+    jsonschema.validate(status, schema)
+    assert status["schema_version"] == 1
+
+
+def test_one_run_state_set():
+    assert tuple(core.ACTIVE_RUN_STATES) == runrec.ACTIVE
+    assert set(core.RUN_STATES) == set(runrec.STATES)
+    assert set(runrec.ACTIVE).isdisjoint(runrec.TERMINAL)
+    schema = json.loads((NODE / "status.schema.json").read_text())
+    assert set(schema["properties"]["state"]["enum"]) == set(runrec.STATES)
+    # a finished attempt is never revived by a late write; a new attempt starts over with init
+    assert runrec.transition_problem("succeeded", "running")
+    assert runrec.transition_problem("running", "succeeded") is None
 
 
 def test_finding_node_A4_the_manifest_re_read_reports_progress(tmp_path):

@@ -134,9 +134,12 @@ def rearm_args(run_dir):
 
 
 def mark_failed(run_dir, status, why):
-    status.update(state="failed", error=why, ended_at=status.get("ended_at") or core.utc_iso(),
-                  updated_at=core.utc_iso())
-    core.atomic_write_json(os.path.join(run_dir, "status.json"), status)
+    """The run record says failed (runrec: under the status lock, best effort on a full disk)."""
+    import runrec
+    status.update(state="failed", error=why, ended_at=status.get("ended_at") or core.utc_iso())
+    problem = runrec.set_status(run_dir, state="failed", error=why, ended_at=status["ended_at"])
+    if problem:
+        raise OSError(problem)
 
 
 def cannot_replay(run):

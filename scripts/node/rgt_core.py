@@ -806,7 +806,7 @@ DEADMAN_FILE = "deadman.json"
 DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
-ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")
+ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")  # == runrec.ACTIVE (a test holds them equal)
 
 
 def active_runs(runs_dirs, exclude=()):
