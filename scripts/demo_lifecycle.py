@@ -3,7 +3,9 @@
 
   probe → gate → dead-man armed → run → interrupted (SIGTERM, as a spot preemption) → resumed →
   manifest → pull → verify → teardown gate (and a gate that refuses a changed node) → a hung job
-  that the dead-man ends and stops the (stand-in) meter for, with no one watching
+  that the dead-man ends and stops the (stand-in) meter for, with no one watching → a verified stop: the
+  dead-man stops a box through a stand-in of RunPod's API and reads the state back (confirmed), and the
+  same against an API that answers 200 and stops nothing (STOP NOT CONFIRMED, escalated)
 
 The "node" and the "laptop" are two folders in a temporary directory; the pull goes through the same
 code that pulls over SSH. Needs Python 3.8+ and bash; tmux and rsync are used when present. Uses
@@ -177,6 +179,7 @@ class Demo:
         self.phase("teardown gate", f"passes on the verified pull ({first[0][:60] if first else 'exit 0'}…); "
                                     "refuses (exit 3) once a node file changes after the pull")
         self.hang_drill()
+        self.verified_stop_drill()
         return stale
 
     def hang_drill(self):
@@ -199,6 +202,32 @@ class Demo:
         term = fired.get("job_term") or {}
         self.phase("dead-man fires", f"hung job (alive, no heartbeat): reason {fired.get('reason')}, job got "
                                      f"SIGTERM (exited: {term.get('job_exited')}), then the stand-in meter stop ran")
+
+    def verified_stop_drill(self):
+        """The stop is only counted once the provider's state says so (tools/provider_standins.py, a RunPod API
+        held to the runpod SDK by the tests): a confirmed stop, then a 200 that stops nothing."""
+        sys.path.insert(0, str(ROOT / "tools"))
+        from provider_standins import Instance, StandIn
+        seen = {}
+        for mode in ("normal", "never_stops"):
+            run = self.node / "runs" / ("demo-stop-" + mode)
+            run.mkdir(parents=True, exist_ok=True)
+            (run / "status.json").write_text(json.dumps({"state": "succeeded", "exit_code": 0, "run_id": run.name}))
+            with StandIn("runpod", "demo-key", [Instance("pod-demo", mode=mode)]) as api:
+                env = dict(self.env, RUNPOD_POD_ID="pod-demo", RUNPOD_API_KEY="demo-key", RGT_RUNPOD_API_URL=api.url)
+                subprocess.run([sys.executable, str(NODE / "deadman.py"), "arm", "--run-dir", str(run), "--foreground",
+                                "--profile", "runpod", "--grace-minutes", "0", "--poll-seconds", "0.1",
+                                "--confirm-seconds", "1", "--retries", "2", "--retry-backoff", "0"],
+                               capture_output=True, env=env, timeout=120)
+            fired = json.loads((run / "DEADMAN_FIRED.json").read_text())
+            seen[mode] = fired
+        ok, bad = seen["normal"], seen["never_stops"]
+        if not (ok.get("confirmed") is True and bad.get("confirmed") is False and bad.get("escalations")):
+            raise PhaseFailed("the provider stand-in did not give a confirmed stop and a NOT CONFIRMED one "
+                              "(confirmed: %s / %s)" % (ok.get("confirmed"), bad.get("confirmed")))
+        self.phase("verified stop", "RunPod stand-in: stop sent, state read back EXITED: confirmed; an API that "
+                                    "says 200 and keeps running: STOP NOT CONFIRMED after %d attempt(s), escalated"
+                   % len(bad.get("attempts") or []))
 
     def cleanup(self):
         """Stop anything the demo left running: dead-men and tmux sessions of its runs."""

@@ -15,8 +15,9 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, missing
-from provider_standins import Instance, StandIn, Volume
+from conftest import NODE, SCRIPTS, TOOLS, missing
+sys.path.insert(0, str(TOOLS))
+from provider_standins import Instance, StandIn, Volume  # noqa: E402  (tools/: the demo uses them too)
 from sshd_fixture import sshd_server  # noqa: F401
 
 sys.path.insert(0, str(NODE))

@@ -519,3 +519,26 @@ def test_a_dead_man_running_older_code_is_flagged(tmp_path):
                                                   "loaded_version": "0000old00000"}))
     out = subprocess.run([sys.executable, RUN_STATUS, str(run), "--no-gpu"], capture_output=True, text=True)
     assert "OLDER CODE (0000old00000)" in out.stdout, out.stdout + out.stderr
+
+
+# ----------------------------------------------------------------------------- the provider confirms (issue 24)
+
+@pytest.mark.parametrize("mode,rc,confirmed", [("normal", 0, True), ("never_stops", 1, False)])
+def test_verified_stop_the_dead_man_stops_through_the_provider_and_reads_it_back(tmp_path, mode, rc, confirmed):
+    """A RunPod stand-in (tools/provider_standins.py, held to the runpod SDK by test_providers.py): the
+    dead-man's stop is the API's stop-then-read-back; a 200 that stops nothing is NOT CONFIRMED."""
+    sys.path.insert(0, str(NODE.parent.parent / "tools"))
+    from provider_standins import Instance, StandIn
+    run = finished_run(tmp_path)
+    with StandIn("runpod", "k-test-canary", [Instance("pod1", mode=mode)]) as api:
+        env = dict(os.environ, RUNPOD_POD_ID="pod1", RUNPOD_API_KEY="k-test-canary", RGT_RUNPOD_API_URL=api.url)
+        res = arm_fg(run, "--grace-minutes", "0", "--profile", "runpod", "--confirm-seconds", "1",
+                     "--retries", "2", "--retry-backoff", "0", env=env, timeout=120)
+        stops = [c for c in api.calls("POST") if "podStop" in json.dumps(c)]
+    assert res.returncode == rc, res.stderr
+    fired = json.loads((run / "DEADMAN_FIRED.json").read_text())
+    assert fired["command_source"] == "provider:runpod" and fired["confirmed"] is confirmed
+    assert len(stops) == (1 if confirmed else 2)
+    assert bool(fired["escalations"]) is not confirmed
+    for name in os.listdir(run):
+        assert "k-test-canary" not in (run / name).read_text(errors="replace"), name

@@ -199,7 +199,7 @@ def stop_plan(stop_cmd=None, stop_cmd_destructive=False, profile=None, profile_e
     if stop_cmd_destructive and stop_cmd is None:
         raise core.UsageError("--stop-cmd-destructive describes --stop-cmd; give --stop-cmd too")
     if stop_cmd is None and profile:
-        provider_stop(plan, profile, warnings)
+        provider_stop(plan, profile, warnings, confirm_seconds)
     word = destructive.destructive_word(plan["stop_cmd"]) if plan["stop_cmd"] else None
     if word and not plan["destructive"]:
         plan.update(destructive=True, destructive_inferred_from=word)
@@ -221,6 +221,11 @@ def stop_plan(stop_cmd=None, stop_cmd_destructive=False, profile=None, profile_e
             problem = "it needs %s, unset here and in PID 1's environment" % ", ".join("$" + m for m in missing)
         if problem:
             line = "%s %r cannot run: %s" % (what, command, problem)
+            if key == "fallback_stop_cmd" and plan.get("fallback_auto"):
+                warnings.append("NOTE: the profile's own command %r cannot run here (%s): no fallback after the "
+                                "API stop" % (command, problem))
+                plan["fallback_stop_cmd"] = None
+                continue
             if key == "stop_cmd" and plan["destructive"] and not allow_destructive:
                 warnings.append("NOTE: " + line + " (it is refused anyway: destructive, no --allow-destructive)")
             elif dry_run:
@@ -233,16 +238,17 @@ def stop_plan(stop_cmd=None, stop_cmd_destructive=False, profile=None, profile_e
         if program and program.get("via_sh"):
             warnings.append("NOTE: %s is not a valid executable (no #! line or no execute bit): it runs "
                             "through /bin/sh" % program["path"])
-    plan["ends_box"] = bool(plan["stop_cmd"]) and ends_box(plan["stop_cmd"], plan["stop_cmd_source"], profile)
+    plan["ends_box"] = bool(plan["stop_cmd"]) and ends_box(plan["stop_cmd"], plan["stop_cmd_source"], profile) \
+        and plan.get("confirm_by") != "provider"
     if confirm_seconds is None:
         confirm_seconds = DEFAULT_CONFIRM_SECONDS if plan["ends_box"] else 0.0
     plan["confirm_seconds"] = float(confirm_seconds)
-    if confirm_seconds and not plan["ends_box"]:
+    if confirm_seconds and not plan["ends_box"] and plan.get("confirm_by") != "provider":
         plan["ends_box"] = True   # asked for explicitly: the stop is meant to end this machine
     return plan, warnings
 
 
-def provider_stop(plan, profile, warnings):
+def provider_stop(plan, profile, warnings, cap_seconds=None):
     """Where the platform's API can stop this box (providers.py) and its ids are here, the stop is the API's
     stop-then-read-back (exit 0 only once the state says stopped or gone); the profile's command becomes the
     fallback. Lambda has no stop, only terminate: that plan is destructive, behind the same gate."""
@@ -258,10 +264,12 @@ def provider_stop(plan, profile, warnings):
     if adapter is None:
         return
     action = "terminate" if getattr(adapter, "stop_unsupported", False) or profile == "lambda" else "stop"
-    command = "%s %s %s --profile %s" % (shlex.quote(sys.executable),
-                                         shlex.quote(os.path.join(core.NODE_DIR, "providers.py")), action, profile)
+    cap = float(cap_seconds) if cap_seconds else DEFAULT_PROVIDER_CAP_SECONDS
+    command = "%s %s %s --profile %s --cap-seconds %g --poll-seconds %g" % (
+        shlex.quote(sys.executable), shlex.quote(os.path.join(core.NODE_DIR, "providers.py")), action, profile,
+        cap, min(10.0, max(0.1, cap / 4)))
     if plan["stop_cmd"] and not plan["destructive"] and not plan.get("fallback_stop_cmd"):
-        plan["fallback_stop_cmd"] = plan["stop_cmd"]
+        plan.update(fallback_stop_cmd=plan["stop_cmd"], fallback_auto=True)
     plan.update(stop_cmd=command, stop_cmd_source="provider:%s" % profile, destructive=action == "terminate",
                 confirm_by="provider", provider_action=action)
     warnings.append("NOTE: the stop goes through the %s API (%s, confirmed by reading the state back)"
@@ -446,7 +454,7 @@ class Engine(object):
         for attempt in range(retries):
             timeout = self.cfg["stop_timeout"]
             if self.plan.get("confirm_by") == "provider" and what == "stop":
-                timeout = max(timeout, DEFAULT_PROVIDER_CAP_SECONDS + 60)   # providers.py polls up to its cap
+                timeout = max(timeout, (self.plan.get("confirm_seconds") or DEFAULT_PROVIDER_CAP_SECONDS) + 60)
             rec = self.once(argv, timeout, program)
             into.append(rec)
             self.log("%s attempt %d/%d: rc=%s%s%s" % (what, attempt + 1, retries, rec["rc"],
