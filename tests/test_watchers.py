@@ -542,3 +542,46 @@ def test_verified_stop_the_dead_man_stops_through_the_provider_and_reads_it_back
     assert bool(fired["escalations"]) is not confirmed
     for name in os.listdir(run):
         assert "k-test-canary" not in (run / name).read_text(errors="replace"), name
+
+
+# ----------------------------------------------------------------------------- the escalation is heard (issue 25)
+
+def test_notif_drill_the_dead_man_fires_and_the_escalation_reaches_the_webhook(tmp_path):
+    """A stop that exits 0 and stops nothing: the webhook hears deadman_fired, then stop_not_confirmed."""
+    import http.server
+    import threading
+    heard = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = tmp_path / "notify.json"
+        config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
+                                                   "url": "http://127.0.0.1:%d/in" % server.server_address[1],
+                                                   "secret": "notif-canary-secret"}]}))
+        config.chmod(0o600)
+        env = dict(os.environ, RGT_NOTIFY_CONFIG=str(config), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
+        stop, _calls = stand_in(tmp_path)
+        run = finished_run(tmp_path, run_id="n1")
+        res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop, "--confirm-seconds", "0.2", "--retries", "1",
+                     env=env)
+        assert res.returncode == 1, res.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    events = [h.get("event") for h in heard]
+    assert events[:2] == ["deadman_fired", "stop_not_confirmed"], heard
+    fired = json.loads((run / "DEADMAN_FIRED.json").read_text())
+    assert fired["notified"][0]["sent"] == ["hook"]
+    for name in os.listdir(run):
+        assert "notif-canary-secret" not in (run / name).read_text(errors="replace"), name
