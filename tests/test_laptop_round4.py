@@ -52,3 +52,65 @@ def test_finding_laptop_2_link_force_never_deletes_the_checkout_it_runs_from(tmp
     # the shared folder had no install: it gets a link to the checkout, which resolves
     shared = home / ".agents" / "skills" / SKILL
     assert shared.is_symlink() and shared.resolve() == clone.resolve()
+
+
+# ---------------------------------------------------------------- laptop 6, 8, 9: repro.sh from a hostile record
+
+def hostile_run(tmp_path):
+    """A run dir whose records were written by someone else: a cwd holding shell syntax, "seeds" that are not
+    seeds, and a presigned URL with a user:password in the command."""
+    run_dir = tmp_path / "hostile"
+    run_dir.mkdir()
+    cwd = '%s/proj"; touch %s/PWNED_CWD; echo "' % (tmp_path, tmp_path)
+    url = "https://alice:SECRETPW@data.example.com/set.tar?X-Amz-Signature=SECRETSIG"
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "h1", "cmd": ["python3", "-c", "print(1)", url],
+                                                  "cwd": cwd}))
+    (run_dir / "env.json").write_text(json.dumps({
+        "git": {"error": "not a git work tree"}, "cwd": cwd,
+        "seeds": {"SEED": "1", "LD_PRELOAD": str(tmp_path / "evil.so"), "BASH_ENV": str(tmp_path / "evil.sh"),
+                  "PATH": str(tmp_path / "evilbin")}}))
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    return run_dir
+
+
+def test_finding_laptop_6_repro_quotes_the_recorded_cwd(tmp_path):
+    run_dir = hostile_run(tmp_path)
+    script = tmp_path / "repro.sh"
+    res = run_py(SCRIPTS / "repro.py", run_dir, "-o", script, "--allow-unpinned")
+    assert res.returncode == 0, res.stdout + res.stderr
+    (tmp_path / "runs").mkdir()
+    env = dict(os.environ, RGT_HOME=str(REPO))
+    subprocess.run(["bash", str(script), str(tmp_path / "work")], cwd=tmp_path / "runs", env=env,
+                   capture_output=True, text=True, timeout=120)
+    assert not (tmp_path / "PWNED_CWD").exists(), "repro.sh ran shell code taken from run.json's cwd"
+    assert "touch" in script.read_text()   # the cwd is still named, as data
+
+
+def test_finding_laptop_8_repro_exports_only_seed_variables(tmp_path):
+    run_dir = hostile_run(tmp_path)
+    script = tmp_path / "repro.sh"
+    res = run_py(SCRIPTS / "repro.py", run_dir, "-o", script, "--allow-unpinned")
+    assert res.returncode == 0, res.stdout + res.stderr
+    exports = [line for line in script.read_text().splitlines() if line.startswith("export ")]
+    assert exports == ["export SEED=1"], exports
+    assert "BASH_ENV" in res.stdout and "LD_PRELOAD" in res.stdout and "NOT exported" in res.stdout
+
+
+def test_finding_laptop_9_no_url_credential_in_repro_or_the_core_records(tmp_path):
+    """The core's one redaction rule (rgt_core.scrub_urls/url_secrets) takes the user:password and the
+    signature out; repro.sh, which copies the recorded command, never carries them."""
+    sys.path.insert(0, str(NODE))
+    import rgt_core
+    url = "https://alice:SECRETPW@data.example.com/set.tar?X-Amz-Signature=SECRETSIG"
+    argv = ["python3", "train.py", "--data-url", url, "--lr", "0.1"]
+    assert rgt_core.url_secrets(argv) == [url]
+    assert rgt_core.scrub_record({"cmd": argv}) == {"cmd": argv[:3] + ["https://data.example.com/set.tar",
+                                                                       "--lr", "0.1"]}
+    line = "[rgt 12:00:00] starting: python3 train.py --data-url '%s'" % url
+    assert "SECRET" not in rgt_core.scrub_urls(line)
+    run_dir = hostile_run(tmp_path)
+    script = tmp_path / "repro.sh"
+    res = run_py(SCRIPTS / "repro.py", run_dir, "-o", script, "--allow-unpinned")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SECRET" not in script.read_text()
+    assert "URL credential" in res.stdout

@@ -31,6 +31,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -716,6 +717,53 @@ def stall_minutes_for(run_dir, override=None):
 
 def is_stalled(age_seconds, stall_minutes):
     return bool(stall_minutes) and age_seconds is not None and age_seconds > float(stall_minutes) * 60.0
+
+
+# ---------------------------------------------------------------- secrets in URLs
+# A presigned data URL or an https://user:token@ remote in a job's argv, an error text or a git remote: every
+# record the toolkit writes (env.json, run.json, job.log's notes, repro.sh) passes through these first.
+
+URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
+
+
+def clean_url(url):
+    """A URL with no credential left in it -> str (None for an empty one).
+
+    With a scheme (https://, ssh://, git+https:// ...): everything up to the LAST '@' after the scheme goes
+    (user, password or token; a password may hold an unencoded '@'), then any ?query and #fragment (a
+    `?private_token=`, a signed-URL signature). Without one (scp form `user@host:path`): a `user:secret@`
+    part goes, a plain ssh login name stays."""
+    url = (url or "").strip()
+    if not url:
+        return None
+    scheme = re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url)
+    if scheme:
+        rest = url[scheme.end():]
+        rest = rest[rest.rfind("@") + 1:]
+        return scheme.group(0) + re.split(r"[?#]", rest, 1)[0]
+    head, at, tail = url.rpartition("@")
+    return tail if at and ":" in head else url
+
+
+def scrub_urls(text):
+    """TEXT (an error message, a command word, a log line) with every URL in it passed through clean_url."""
+    return URL_IN_TEXT.sub(lambda m: clean_url(m.group(0)), text) if isinstance(text, str) else text
+
+
+def scrub_record(obj):
+    """Every string of a record (keys too) through scrub_urls: a command, error texts and a git remote may
+    all quote a URL, and the records travel (durable storage, the laptop, reviewers)."""
+    if isinstance(obj, dict):
+        return {scrub_urls(k): scrub_record(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub_record(v) for v in obj]
+    return scrub_urls(obj)
+
+
+def url_secrets(words):
+    """The words of an argv that carry a URL credential (user:pw@, a query or fragment): what scrub_urls
+    would change. Empty when the argv is safe to record as it is."""
+    return [w for w in words if isinstance(w, str) and scrub_urls(w) != w]
 
 
 # ---------------------------------------------------------------- the dead-man's record
