@@ -114,3 +114,29 @@ def test_finding_laptop_9_no_url_credential_in_repro_or_the_core_records(tmp_pat
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SECRET" not in script.read_text()
     assert "URL credential" in res.stdout
+
+
+# ---------------------------------------------------------------- laptop 7: render_job pastes request text raw
+
+@pytest.mark.parametrize("target", ["slurm", "k8s-job", "pytorchjob", "skypilot"])
+@pytest.mark.parametrize("bad", [
+    {"resources": {"partition": "gpu\ntouch PWNED_PARTITION"}},
+    {"resources": {"account": "lab\ntouch PWNED_ACCOUNT"}},
+    {"env": {"X=1; touch PWNED_ENVKEY; Y": "v"}},
+    {"env": {"OK": "v\ntouch PWNED_ENVVAL"}},
+    {"outputs": {"durable_dir": "/mnt/my data"}},
+], ids=["partition", "account", "env-key", "env-value-newline", "durable-dir-blank"])
+def test_finding_laptop_7_render_job_refuses_text_that_would_run_as_shell(tmp_path, target, bad):
+    from test_render_job import SCHEMA, render, request
+    path = request(tmp_path, **bad)
+    res = render(path, target, check=False)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stdout + res.stderr
+    assert "PWNED" not in res.stdout and "Traceback" not in res.stderr
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    if "OK" in bad.get("env", {}):
+        return   # a newline in an env value is the renderer's check; the schema pins names and #SBATCH words
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(path.read_text()), json.loads(SCHEMA.read_text()))
