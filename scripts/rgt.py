@@ -121,7 +121,8 @@ class Ssh(object):
             self.base += ["-p", str(port)]
         if identity:
             self.base += ["-i", identity]
-        self.base += ["-o", "BatchMode=yes"]
+        # a dropped link or a frozen node is noticed in about a minute instead of never (pull, gate, status)
+        self.base += ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
 
     @property
     def rsh(self):

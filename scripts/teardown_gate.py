@@ -111,8 +111,10 @@ def meter_lines(name: str, profile: dict) -> list:
     return lines
 
 
-def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) -> bytes:
-    """Recompute the node's manifest now, writing nothing there. Raises pv.FetchError."""
+def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=(),
+                     stall_seconds: float = pv.DEFAULT_STALL_SECONDS) -> bytes:
+    """Recompute the node's manifest now, writing nothing there. Raises pv.FetchError, also when the node
+    says nothing at all (no manifest byte, no progress line) for STALL_SECONDS."""
     script = os.path.join(HERE, "node", "build_pull_manifest.py")
     tail = ["--run-id", run_id, "--out", "-"]
     for pattern in roster:
@@ -133,9 +135,11 @@ def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) 
     except OSError as exc:
         raise pv.FetchError(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
     errors = []
+    guard = pv.StallGuard(proc, stall_seconds)   # the node prints a progress line every 15 s while it hashes
 
     def relay():  # the one reader of stderr: show the node's hashing progress, keep its FAIL lines
         for raw in proc.stderr:
+            guard.moved(len(raw))
             line = raw.decode("utf-8", "replace")
             errors.append(line.strip())
             sys.stderr.write("node: " + line)
@@ -152,9 +156,20 @@ def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) 
                 proc.stdin.close()
             except OSError:
                 pass
-    out = proc.stdout.read()
+    chunks = []
+    while True:
+        chunk = proc.stdout.read1(1 << 16)
+        if not chunk:
+            break
+        guard.moved(len(chunk))
+        chunks.append(chunk)
+    out = b"".join(chunks)
     proc.wait()
-    reader.join()            # stderr hits EOF once every holder of it has exited
+    guard.stop()
+    reader.join(10)          # stderr hits EOF once every holder of it has exited
+    if guard.fired:
+        raise pv.FetchError(f"the node stopped answering: no output for {stall_seconds:.0f} s while re-hashing "
+                            f"{root} (a stalled link, node or disk there); nothing was decided, run the gate again")
     if proc.returncode != 0:
         fails = [e for e in errors if e.startswith("FAIL")] or errors[-2:] or [f"exit {proc.returncode}"]
         where = f"on {host}" if host else "locally"
@@ -245,6 +260,10 @@ def parse_args(argv):
                              "*.safetensors at any depth)")
     parser.add_argument("--load-timeout", type=float, default=900.0, help="seconds per load-check (default 900)")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel re-hash workers")
+    parser.add_argument("--stall-seconds", type=core.arg_number(float, 0.0, 1e6, low_open=True),
+                        default=pv.DEFAULT_STALL_SECONDS,
+                        help="refuse when the node says nothing for this long while re-hashing (default %d)"
+                             % pv.DEFAULT_STALL_SECONDS)
     parser.add_argument("--json", action="store_true", help="print a JSON verdict on stdout")
     return parser.parse_args(argv)
 
@@ -304,7 +323,8 @@ def main(argv=None) -> int:
         mode = "re-hashed on the node now"
         try:
             current_raw = rebuild_manifest(host, root, args.rsh, pulled_manifest["roster"],
-                                           pulled_manifest["run_id"], pulled_manifest.get("allow_empty", []))
+                                           pulled_manifest["run_id"], pulled_manifest.get("allow_empty", []),
+                                           args.stall_seconds)
         except pv.FetchError as exc:
             reasons.append(pv.problem("node", args.source, str(exc)))
             current_raw = None

@@ -140,3 +140,108 @@ def test_finding_laptop_7_render_job_refuses_text_that_would_run_as_shell(tmp_pa
         return   # a newline in an env value is the renderer's check; the schema pins names and #SBATCH words
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(json.loads(path.read_text()), json.loads(SCHEMA.read_text()))
+
+
+# ---------------------------------------------------------------- laptop 10, 11: a node that stalls or lies
+# A stand-in for ssh plays the node here (a stalled link cannot be made on demand with the real sshd without
+# timing games): it runs `cat` and `command -v` locally, and misbehaves on the transfer itself, as FAKE_MODE says.
+
+FAKE_SSH = r'''
+import os, subprocess, sys, tarfile, time
+args = sys.argv[1:]
+while args and args[0].startswith("-"):       # ssh options, if any
+    args = args[2:] if args[0] in ("-F", "-p", "-i", "-o", "-l") else args[1:]
+host, command = args[0], " ".join(args[1:])
+mode = os.environ["FAKE_MODE"]
+if command.startswith(("cat ", "command -v")):
+    sys.exit(subprocess.run(["bash", "-c", command]).returncode)
+if command.startswith("rsync"):               # rsync's server side never answers
+    sys.stdin.buffer.read()
+    sys.exit(0)
+if command.startswith("python3 -"):           # the gate's re-hash: reads the program, then hangs
+    sys.stdin.buffer.read()
+    time.sleep(600)
+    sys.exit(1)
+sys.stdin.buffer.read()                       # the tar transport: the list of wanted files
+info = tarfile.TarInfo(os.environ["FAKE_MEMBER"])
+info.size = int(os.environ["FAKE_SIZE"])
+out = sys.stdout.buffer
+out.write(info.tobuf(format=tarfile.PAX_FORMAT))
+if mode == "stall":
+    out.write(b"x" * 1000)
+    out.flush()
+    time.sleep(600)
+else:                                         # "huge": as many zeros as the header claims
+    chunk = b"\0" * (1 << 20)
+    for _ in range(info.size // len(chunk)):
+        out.write(chunk)
+out.flush()
+'''
+
+
+@pytest.fixture
+def fake_node(tmp_path):
+    """A results dir with a real manifest, and the ssh stand-in that serves it."""
+    results = tmp_path / "node" / "results" / "fk1"
+    (results / "out").mkdir(parents=True)
+    (results / "out" / "final.json").write_text('{"ok": 1}')
+    res = run_py(NODE / "build_pull_manifest.py", "--root", results, "--run-id", "fk1", "--roster", "out/*")
+    assert res.returncode == 0, res.stderr
+    fake = tmp_path / "fake_ssh.py"
+    fake.write_text(FAKE_SSH)
+    return results, "%s %s" % (sys.executable, fake)
+
+
+def pull(results, rsh, dest, mode, *extra, member="./out/final.json", size=9):
+    env = dict(os.environ, FAKE_MODE=mode, FAKE_MEMBER=member, FAKE_SIZE=str(size))
+    return run_py(SCRIPTS / "pull_verified.py", "--source", "box:%s" % results, "--dest", dest, "--rsh", rsh,
+                  "--stall-seconds", "2", *extra, env=env, timeout=300)
+
+
+def test_finding_laptop_10_a_stalled_pull_or_gate_ends_in_one_line_and_can_resume(tmp_path, fake_node):
+    results, rsh = fake_node
+    dest = tmp_path / "pulled"
+    res = pull(results, rsh, dest, "stall", "--transport", "tar", size=1 << 20)
+    assert res.returncode == 1 and "STALLED: the node sent nothing for 2 s" in res.stdout, res.stdout + res.stderr
+    assert (dest / ".staging-fk1").is_dir() and not (dest / "fk1").exists()   # kept for the next run
+    if shutil.which("rsync"):
+        res = pull(results, rsh, dest, "stall", "--transport", "rsync")
+        assert res.returncode == 1 and "STALLED" in res.stdout, res.stdout + res.stderr
+    # the gate's re-hash: the node reads the program and then says nothing
+    pulled = tmp_path / "good"
+    ok = run_py(SCRIPTS / "pull_verified.py", "--source", results, "--dest", pulled)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    env = dict(os.environ, FAKE_MODE="stall", FAKE_MEMBER="x", FAKE_SIZE="0")
+    gate = run_py(SCRIPTS / "teardown_gate.py", "--pulled", pulled / "fk1", "--source", "box:%s" % results,
+                  "--rsh", rsh, "--profile", "vastai", "--stall-seconds", "2", env=env, timeout=300)
+    assert gate.returncode == 3 and "the node stopped answering: no output for 2 s" in gate.stdout, \
+        gate.stdout + gate.stderr
+
+
+def test_finding_laptop_11_a_tar_member_larger_than_the_manifest_is_never_written(tmp_path, fake_node):
+    results, rsh = fake_node
+    dest = tmp_path / "pulled"
+    res = pull(results, rsh, dest, "huge", "--transport", "tar", size=64 << 20)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL size" in res.stdout and "the manifest says 9" in res.stdout, res.stdout
+    biggest = max((p.stat().st_size for p in dest.rglob("*") if p.is_file()), default=0)
+    assert biggest <= 9, "a %d-byte file landed on the laptop for a 9-byte manifest entry" % biggest
+
+
+# ---------------------------------------------------------------- newcomer 3: what a pull leaves behind
+
+def test_finding_newcomer_3_a_pull_leaves_no_lock_and_stays_out_of_git(tmp_path, fake_node):
+    results, _rsh = fake_node
+    project = tmp_path / "project"
+    project.mkdir()
+    assert subprocess.run(["git", "init", "-q", str(project)], capture_output=True).returncode == 0
+    res = run_py(SCRIPTS / "pull_verified.py", "--source", results, "--dest", "pulled", cwd=project)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (project / "pulled" / "fk1" / "out" / "final.json").is_file()
+    assert sorted(p.name for p in (project / "pulled").iterdir()) == [".gitignore", "fk1"]   # no .pull-fk1.lock
+    status = subprocess.run(["git", "-C", str(project), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True)
+    assert status.stdout == "", status.stdout          # pulled/ is not offered for a commit
+    again = run_py(SCRIPTS / "pull_verified.py", "--source", results, "--dest", "pulled", cwd=project)
+    assert again.returncode == 0 and "ALREADY" in again.stdout
+    assert "pulled/" in (REPO / ".gitignore").read_text().split()   # nor in this checkout, where the README runs
