@@ -245,3 +245,53 @@ def test_finding_newcomer_3_a_pull_leaves_no_lock_and_stays_out_of_git(tmp_path,
     again = run_py(SCRIPTS / "pull_verified.py", "--source", results, "--dest", "pulled", cwd=project)
     assert again.returncode == 0 and "ALREADY" in again.stdout
     assert "pulled/" in (REPO / ".gitignore").read_text().split()   # nor in this checkout, where the README runs
+
+
+# ---------------------------------------------------------------- laptop 12, field R18: run_forensics diff
+
+def forensic_run(folder, config_text, name="config.yaml"):
+    folder.mkdir(parents=True)
+    (folder / name).write_text(config_text)
+    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    return folder
+
+
+def test_finding_laptop_12_a_yaml_alias_bomb_is_skipped_with_a_note(tmp_path):
+    pytest.importorskip("yaml")
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 8):
+        bomb.append("a%d: &a%d [%s]" % (level, level, ", ".join(["*a%d" % (level - 1)] * 10)))
+    bomb.append("lr: 0.1")
+    text = "\n".join(bomb) + "\n"
+    assert len(text) < 1000   # under a kilobyte, 10^8 values when expanded
+    run_a = forensic_run(tmp_path / "runA", text)
+    run_b = forensic_run(tmp_path / "runB", text.replace("lr: 0.1", "lr: 0.2"))
+    for run in (run_a, run_b):
+        (run / "args.json").write_text('{"seed": 1}')
+    # bounded: an expansion would take minutes and gigabytes; a cap answers at once, under a hard address limit
+    limit = "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+    for argv in (["diff", run_a, run_b], ["list", run_a, "--metric", "loss", "--mode", "min"]):
+        res = subprocess.run([sys.executable, "-c", limit + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
+                              "run_name='__main__')", str(SCRIPTS / "run_forensics.py"), *map(str, argv)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "expands to more than" in res.stdout + res.stderr, res.stdout + res.stderr
+        assert "MemoryError" not in res.stdout + res.stderr
+
+
+def test_finding_field_R18_diff_leaves_out_settings_that_must_differ_per_run(tmp_path):
+    base = {"lr": 0.1, "batch_size": 32, "out_dir": "/data/out/ablate-a", "run_name": "ablate-a",
+            "logging": {"dir": "/data/logs/ablate-a"}, "data_dir": "/data/set"}
+    other = dict(base, lr=0.2, out_dir="/data/out/ablate-b", run_name="ablate-b", logging={"dir": "/data/logs/ablate-b"})
+    run_a = forensic_run(tmp_path / "ablate-a", json.dumps(base), "config.json")
+    run_b = forensic_run(tmp_path / "ablate-b", json.dumps(other), "config.json")
+    res = run_py(SCRIPTS / "run_forensics.py", "--json", "diff", run_a, run_b)
+    if res.returncode == 2:   # --json after the command
+        res = run_py(SCRIPTS / "run_forensics.py", "diff", run_a, run_b, "--json")
+    assert res.returncode == 0, res.stderr
+    assert [r["key"] for r in json.loads(res.stdout)["differing"]] == ["config.lr"]
+    human = run_py(SCRIPTS / "run_forensics.py", "diff", run_a, run_b)
+    assert "WARN more than the one knob" not in human.stdout, human.stdout
+    every = run_py(SCRIPTS / "run_forensics.py", "diff", run_a, run_b, "--all", "--json")
+    keys = [r["key"] for r in json.loads(every.stdout)["differing"]]
+    assert {"config.out_dir", "config.run_name", "config.logging.dir", "config.lr"} <= set(keys)
