@@ -239,6 +239,10 @@ def run_paths(args, rid, profile=None):
     if durable:
         durable = durable.rstrip("/")
         return durable + "/runs/" + rid, durable + "/results/" + rid, profile
+    if getattr(args, "command", None) == "launch":   # a new run: the ledger cannot know it yet
+        raise core.UsageError("profile %s has no default durable dir (DURABLE_DIR): pass --durable-dir DIR, a "
+                              "folder on storage that outlives the box (see profiles/%s.md, Storage)"
+                              % (profile, profile))
     rec = known_run(args, rid)
     return rec["run_dir"], rec.get("results_dir"), rec.get("profile") or profile
 

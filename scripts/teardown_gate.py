@@ -61,7 +61,7 @@ def runs_dir_of(source):
     _host, root = pv.parse_source(source)
     parent = os.path.dirname(root.rstrip("/"))
     if os.path.basename(parent) == "results":
-        return shlex.quote(os.path.join(os.path.dirname(parent), "runs"))
+        return pv.remote_quote(os.path.join(os.path.dirname(parent), "runs"))   # a leading ~/ stays expandable
     return "DURABLE_DIR/runs"
 DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
 

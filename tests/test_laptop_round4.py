@@ -295,3 +295,30 @@ def test_finding_field_R18_diff_leaves_out_settings_that_must_differ_per_run(tmp
     every = run_py(SCRIPTS / "run_forensics.py", "diff", run_a, run_b, "--all", "--json")
     keys = [r["key"] for r in json.loads(every.stdout)["differing"]]
     assert {"config.out_dir", "config.run_name", "config.logging.dir", "config.lr"} <= set(keys)
+
+
+# ---------------------------------------------------------------- laptop 13 (field R10), laptop 14 (review B4)
+
+def test_finding_laptop_13_and_field_R10_the_pasteable_sweep_line_expands_tilde(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    import teardown_gate
+    word = teardown_gate.runs_dir_of("gpu:~/rgt/results/exp1")
+    line = teardown_gate.SWEEP_HINT % ("exp1", word)
+    assert "'~" not in line
+    home = tmp_path / "nodehome"
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + word], capture_output=True, text=True,
+                         env=dict(os.environ, HOME=str(home)))
+    assert out.stdout == "%s/rgt/runs\n" % home, out.stdout
+    spaced = teardown_gate.runs_dir_of("gpu:~/my dur/results/exp1")
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + spaced], capture_output=True, text=True,
+                         env=dict(os.environ, HOME=str(home)))
+    assert out.stdout == "%s/my dur/runs\n" % home, out.stdout
+
+
+@pytest.mark.parametrize("profile", ["lambda", "china"])
+def test_finding_laptop_14_and_review_B4_launch_without_a_durable_dir_says_pass_one(tmp_path, profile):
+    res = run_py(RGT, "--ledger", tmp_path / "ledger.jsonl", "launch", "gpu-box", "--profile", profile,
+                 "--run-id", "lam1", "--", "true")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "profile %s has no default durable dir" % profile in res.stderr and "--durable-dir" in res.stderr
+    assert "in the ledger" not in res.stderr
