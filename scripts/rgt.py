@@ -503,7 +503,12 @@ def cmd_resume(args, ssh):
         line = "%s %s: %s" % (core.OK if result.get("ok") else core.FAIL, rid, result.get("action"))
         line += (" (%s)" % result["why"]) if result.get("why") else " as attempt %s" % result.get("attempt")
         print(line)
-        if result.get("resume_from"):
+        if result.get("resume_from") and result.get("restored_from"):
+            # the job's own copy is torn, empty or gone: say which file the attempt really starts from
+            print("resume:     from %s as put back from its verified durable copy %s (the job's own copy is torn, "
+                  "empty or gone; it is kept aside), adds %s" % (result["resume_from"], result["restored_from"],
+                                                                 " ".join(result.get("resume_args") or [])))
+        elif result.get("resume_from"):
             print("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
         if result.get("warning"):
             print("WARN %s" % result["warning"])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import NODE, REPO, SCRIPTS
+from sshd_fixture import sshd_server  # noqa: F401  (the real sshd on 127.0.0.1)
 
 SKILL = "remote-gpu-trainer"
 RGT = SCRIPTS / "rgt.py"
@@ -322,3 +323,63 @@ def test_finding_laptop_14_and_review_B4_launch_without_a_durable_dir_says_pass_
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert "profile %s has no default durable dir" % profile in res.stderr and "--durable-dir" in res.stderr
     assert "in the ledger" not in res.stderr
+
+
+# ---------------------------------------------------------------- over the real sshd
+
+def rgt(tmp_path, server, *args, timeout=300, ledger=None, env=None):
+    """rgt.py as the user runs it against the test sshd (its own node-bin and ledger under TMP_PATH)."""
+    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
+            "--ledger", str(ledger or tmp_path / "ledger.jsonl")]
+    env = dict(env or os.environ)
+    env.pop("RGT_PROFILE_INDEX", None)
+    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path, env=env)
+
+
+def state_of(tmp_path, server, rid, **kw):
+    res = rgt(tmp_path, server, "--json", "status", "gpu-box", rid, **kw)
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        return {}
+
+
+# attempt 1 saves a checkpoint and fails (its outputs are synced and verified); later attempts wait on a file
+RESUMABLE_JOB = (
+    "import os, sys, time\n"
+    "os.makedirs('ckpt', exist_ok=True)\n"
+    "if '--resume' not in sys.argv:\n"
+    "    open('ckpt/state.txt', 'w').write('step 40\\n'); print('step 40/100', flush=True); sys.exit(1)\n"
+    "print('resumed from', sys.argv[-1], flush=True)\n"
+    "print('step 50/100', flush=True)\n"
+    "t = time.monotonic()\n"
+    "while not os.path.exists('go') and time.monotonic() - t < 300: time.sleep(0.1)\n"
+    "print('step 60/100', flush=True)\n"
+    "while not os.path.exists('done') and time.monotonic() - t < 300: time.sleep(0.1)\n"
+    "open('ckpt/state.txt', 'w').write('step 100\\n'); print('step 100/100', flush=True)\n")
+
+
+def launch_resumable(tmp_path, server, rid, durable, work):
+    from test_run_one import wait_for
+    work.mkdir(exist_ok=True)
+    (work / "job.py").write_text(RESUMABLE_JOB)
+    assert rgt(tmp_path, server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    res = rgt(tmp_path, server, "launch", "gpu-box", "--profile", "vastai", "--run-id", rid, "--durable-dir",
+              durable, "--cwd", work, "--", "--output", "ckpt/*", "--deadman-dry-run", "--poll-seconds", "0.2",
+              "--resume-glob", "ckpt/state.txt", "--resume-arg", "--resume {}",
+              "--progress-regex", r"step (?P<step>\d+)/(?P<total>\d+)", "--", "python3", "-u", "job.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert wait_for(lambda: state_of(tmp_path, server, rid).get("status") == "failed", 120)
+    assert (durable / "results" / rid / "ckpt" / "state.txt").read_text() == "step 40\n"   # synced, verified
+
+
+def test_finding_field_R9_resume_names_the_durable_copy_it_will_really_use(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    launch_resumable(tmp_path, sshd_server, "r9", durable, work)
+    (work / "ckpt" / "state.txt").write_bytes(b"")            # torn to 0 bytes, as a preemption mid-save leaves it
+    dry = rgt(tmp_path, sshd_server, "resume", "gpu-box", "r9", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    line = next(l for l in dry.stdout.splitlines() if l.startswith("resume:"))
+    assert "verified durable copy %s" % (durable / "results" / "r9" / "ckpt" / "state.txt") in line, line
+    assert (work / "ckpt" / "state.txt").read_bytes() == b""  # a dry run puts nothing back
