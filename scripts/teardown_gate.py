@@ -3,6 +3,8 @@
 
 Local side. Run it after pull_verified.py and BEFORE you terminate, destroy or release anything.
 It passes only when all of these hold:
+  0. no attempt of the run still runs on the node (its run dir, DURABLE/runs/RID beside the --source
+     DURABLE/results/RID, or --run-dir): a resumed attempt that runs on would make the pull stale;
   1. DEST/<run_id>/PULL_VERIFIED.json belongs to the PULL_MANIFEST.json kept beside it;
   2. the node's CURRENT files are exactly the files that were pulled (same paths, sizes, SHA-256).
      The manifest is always recomputed on the node now, never taken from a stored or local copy: our
@@ -64,6 +66,35 @@ def runs_dir_of(source):
         return pv.remote_quote(os.path.join(os.path.dirname(parent), "runs"))   # a leading ~/ stays expandable
     return "DURABLE_DIR/runs"
 DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
+
+
+def run_dir_of(root):
+    """DURABLE_DIR/runs/RID for a results root DURABLE_DIR/results/RID, else None."""
+    parent, rid = os.path.split(root.rstrip("/"))
+    if os.path.basename(parent) == "results" and rid:
+        return os.path.join(os.path.dirname(parent), "runs", rid)
+    return None
+
+
+def run_activity(host, run_dir: str, rsh) -> dict:
+    """rgt_core.run_activity for RUN_DIR on the node (the core streamed to `python3 -`, nothing written there),
+    or here for a local run dir. Raises pv.FetchError when the node does not answer."""
+    script = os.path.join(HERE, "node", "rgt_core.py")
+    if host is None:
+        argv, payload = [sys.executable, script, "--run-state", os.path.expanduser(run_dir)], None
+    else:
+        argv = pv.rsh_argv(rsh) + [host, "python3 - --run-state " + pv.remote_quote(run_dir)]
+        payload = core.streamed_program(script, modules=())
+    try:
+        done = subprocess.run(argv, input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                              stdin=None if payload is not None else subprocess.DEVNULL)
+        doc = json.loads(done.stdout.decode("utf-8", "replace"))
+        if not isinstance(doc, dict) or "live" not in doc:
+            raise ValueError("no answer")
+        return doc
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise pv.FetchError(f"cannot tell whether run {run_dir} still runs on {host or 'this machine'} "
+                            f"({getattr(exc, 'strerror', None) or exc})")
 
 
 UsageError = core.UsageError
@@ -264,6 +295,8 @@ def parse_args(argv):
                         default=pv.DEFAULT_STALL_SECONDS,
                         help="refuse when the node says nothing for this long while re-hashing (default %d)"
                              % pv.DEFAULT_STALL_SECONDS)
+    parser.add_argument("--run-dir", help="the run's run dir on the same host, checked for a live attempt "
+                                          "(default: DURABLE/runs/RID for a --source DURABLE/results/RID)")
     parser.add_argument("--json", action="store_true", help="print a JSON verdict on stdout")
     return parser.parse_args(argv)
 
@@ -317,6 +350,18 @@ def main(argv=None) -> int:
                                                         f"unreadable: {getattr(exc, 'strerror', None) or exc}); "
                                                         "run pull_verified.py first"))
 
+    run_dir = args.run_dir or run_dir_of(root)
+    verdict["run_dir"] = run_dir
+    if run_dir:   # a resumed attempt still running: the pull holds an earlier attempt's results, not the last
+        try:
+            activity = run_activity(host, run_dir, args.rsh)
+            verdict["run_state"] = activity
+            if activity["live"]:
+                reasons.append(pv.problem("running", run_dir, "%s: the run is not over, so its results are not "
+                                                              "final; wait for it to end (rgt.py status), pull "
+                                                              "again, then gate" % activity["why"]))
+        except pv.FetchError as exc:
+            reasons.append(pv.problem("node", run_dir, str(exc)))
     if pulled_manifest is not None:
         verdict.update({"run_id": pulled_manifest["run_id"], "file_count": pulled_manifest["file_count"],
                         "total_bytes": pulled_manifest["total_bytes"]})

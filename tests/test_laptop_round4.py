@@ -159,6 +159,8 @@ if command.startswith(("cat ", "command -v")):
 if command.startswith("rsync"):               # rsync's server side never answers
     sys.stdin.buffer.read()
     sys.exit(0)
+if command.startswith("python3 - --run-state"):   # is a run still running: answered by this machine
+    sys.exit(subprocess.run(["bash", "-c", command]).returncode)
 if command.startswith("python3 -"):           # the gate's re-hash: reads the program, then hangs
     sys.stdin.buffer.read()
     time.sleep(600)
@@ -383,3 +385,77 @@ def test_finding_field_R9_resume_names_the_durable_copy_it_will_really_use(tmp_p
     line = next(l for l in dry.stdout.splitlines() if l.startswith("resume:"))
     assert "verified durable copy %s" % (durable / "results" / "r9" / "ckpt" / "state.txt") in line, line
     assert (work / "ckpt" / "state.txt").read_bytes() == b""  # a dry run puts nothing back
+
+
+def end_runs(durable):
+    """Disarm every dead-man of the runs under DURABLE and end their processes, by recorded pid only."""
+    sys.path.insert(0, str(NODE))
+    import rgt_core
+    import signal
+    for run_dir in sorted((durable / "runs").glob("*")) if (durable / "runs").is_dir() else []:
+        subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(run_dir), "--disarm"],
+                       capture_output=True, timeout=60)
+        for name in ("status.json", "deadman.json"):
+            try:
+                doc = json.loads((run_dir / name).read_text())
+            except (OSError, ValueError):
+                continue
+            for pid_key, ident_key in (("job_pid", "job_identity"), ("supervisor_pid", "supervisor_identity"),
+                                       ("pid", "identity")):
+                pid = doc.get(pid_key)
+                if isinstance(pid, int) and rgt_core.record_alive(doc.get(ident_key), pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+        if shutil.which("tmux"):
+            subprocess.run(["tmux", "-L", "rgt-" + run_dir.name.replace(".", "_"), "kill-server"],
+                           capture_output=True)
+
+
+@pytest.fixture
+def durable(tmp_path):
+    folder = tmp_path / "durable"
+    yield folder
+    end_runs(folder)
+
+
+def test_finding_laptop_1_the_gate_refuses_while_a_resumed_attempt_runs(tmp_path, sshd_server, durable):  # noqa: F811
+    from test_run_one import wait_for
+    work = tmp_path / "work"
+    launch_resumable(tmp_path, sshd_server, "res2", durable, work)
+    resumed = rgt(tmp_path, sshd_server, "resume", "gpu-box", "res2")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert wait_for(lambda: state_of(tmp_path, sshd_server, "res2").get("step") == 50, 120)
+    pulled = rgt(tmp_path, sshd_server, "pull", "gpu-box", "res2")           # attempt 1's synced results
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    gate = rgt(tmp_path, sshd_server, "gate", "gpu-box", "res2")
+    assert gate.returncode == 3, gate.stdout + gate.stderr
+    assert "REASON running" in gate.stdout and "attempt 2 is running" in gate.stdout, gate.stdout
+    assert "PASS" not in gate.stdout
+    ledger = json.loads(rgt(tmp_path, sshd_server, "--json", "ledger").stdout)
+    assert [(r["run_id"], r["gate"]) for r in ledger["runs"]] == [("res2", "REFUSED")]
+    patrol = rgt(tmp_path, sshd_server, "patrol", "gpu-box", "--min-free-gb", "0")
+    assert "res2 RUNNING" in patrol.stdout, patrol.stdout
+    (work / "go").write_text("")
+    (work / "done").write_text("")
+    assert wait_for(lambda: state_of(tmp_path, sshd_server, "res2").get("status") == "succeeded", 120)
+    after = rgt(tmp_path, sshd_server, "gate", "gpu-box", "res2")
+    assert "REASON running" not in after.stdout, after.stdout   # over: only the stale pull is left to fix
+
+
+def test_finding_laptop_1_a_gate_pass_is_reopened_by_a_later_live_attempt(tmp_path):
+    """The ledger's fold: a status or patrol row that sees an attempt newer than the gated one, or a run that
+    runs again, puts the run back on the list (and patrol looks at it again)."""
+    rows = [{"event": "launch", "host": "box", "run_id": "r1", "attempt": 1, "state": "launched", "run_dir": "/d"},
+            {"event": "gate", "host": "box", "run_id": "r1", "attempt": 1, "verdict": "PASS"},
+            {"event": "status", "host": "box", "run_id": "r1", "attempt": 1, "state": "succeeded"}]
+    path = tmp_path / "ledger.jsonl"
+    for extra, listed in (([], []), ([{"event": "status", "host": "box", "run_id": "r1", "attempt": 2,
+                                       "state": "running"}], ["r1"]),
+                          ([{"event": "patrol", "host": "box", "run_id": "r1", "attempt": 1,
+                             "state": "syncing"}], ["r1"])):
+        path.write_text("".join(json.dumps(dict(r, time="2026-12-03T00:00:0%dZ" % i)) + "\n"
+                                for i, r in enumerate(rows + extra)))
+        res = run_py(RGT, "--ledger", path, "--json", "ledger")
+        assert [r["run_id"] for r in json.loads(res.stdout)["runs"]] == listed, (extra, res.stdout)

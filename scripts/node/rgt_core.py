@@ -775,6 +775,46 @@ DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")
 
 
+def attempt_alive(status):
+    """Whether the supervisor or the job a status.json records is still that same process."""
+    return bool(record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
+                or record_alive(status.get("job_identity"), status.get("job_pid")))
+
+
+def resume_in_progress(run_dir):
+    """Whether a resume holds RUN_DIR/resume.lock now (boot_resume.py is starting the next attempt)."""
+    try:
+        import fcntl
+        fd = os.open(os.path.join(run_dir, "resume.lock"), os.O_RDONLY)
+    except (ImportError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def run_activity(run_dir):
+    """Whether any attempt of the run in RUN_DIR may still run -> {"live", "state", "attempt", "why"}. Live: the
+    recorded supervisor or job is alive, a resume is starting the next attempt, or the run says it is starting
+    and has no process recorded yet. The teardown gate refuses while this says live."""
+    if not os.path.isdir(run_dir):
+        return {"live": False, "state": None, "attempt": None, "why": "no run dir at %s" % run_dir}
+    status = read_json(os.path.join(run_dir, "status.json"))
+    state, attempt = status.get("state"), status.get("attempt")
+    out = {"live": False, "state": state, "attempt": attempt, "why": None}
+    if resume_in_progress(run_dir):
+        out.update(live=True, why="a resume is starting the next attempt")
+    elif attempt_alive(status):
+        out.update(live=True, why="attempt %s is %s (its process is alive)" % (attempt, state))
+    elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
+        out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
+    return out
+
+
 def active_runs(runs_dirs, exclude=()):
     """The node registry: names of run dirs under RUNS_DIRS (e.g. DURABLE/runs) whose status.json says
     active and whose supervisor or job is still that same process. EXCLUDE: run dirs to leave out."""
@@ -792,8 +832,7 @@ def active_runs(runs_dirs, exclude=()):
             status = read_json(os.path.join(run_dir, "status.json"))
             if status.get("state") not in ACTIVE_RUN_STATES:
                 continue
-            if (record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-                    or record_alive(status.get("job_identity"), status.get("job_pid"))):
+            if attempt_alive(status):
                 found.append(name)
     return found
 
@@ -948,7 +987,12 @@ def _main(argv=None):
     else the mismatches (exit 3). What the laptop's push runs on the node to prove the copy."""
     parser = Parser(prog="rgt_core.py", description="The node toolkit's shared core.")
     parser.add_argument("--version", action="store_true", help="print the toolkit version after checking it")
+    parser.add_argument("--run-state", metavar="RUN_DIR",
+                        help="print whether any attempt of the run in RUN_DIR may still run (JSON; the gate asks)")
     args = parser.parse_args(argv)
+    if args.run_state:
+        emit_json(run_activity(args.run_state))
+        return EXIT_OK
     if not args.version:
         raise UsageError("nothing to do: rgt_core.py is imported by the tools; try --version")
     problems = toolkit_problems()
