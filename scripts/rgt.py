@@ -254,8 +254,8 @@ def ledger_events(path, torn=None):
                     events.append(event)
                 elif torn is not None:
                     torn.append((number, line.strip()[:80]))
-    except FileNotFoundError:
-        pass
+    except (FileNotFoundError, NotADirectoryError):
+        pass   # no ledger there (yet): nothing recorded
     except OSError as exc:
         raise core.UsageError("cannot read the ledger %s: %s" % (path, exc.strerror))
     return events

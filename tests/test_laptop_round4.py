@@ -459,3 +459,75 @@ def test_finding_laptop_1_a_gate_pass_is_reopened_by_a_later_live_attempt(tmp_pa
                                 for i, r in enumerate(rows + extra)))
         res = run_py(RGT, "--ledger", path, "--json", "ledger")
         assert [r["run_id"] for r in json.loads(res.stdout)["runs"]] == listed, (extra, res.stdout)
+
+
+# ---------------------------------------------------------------- laptop 4, 5: the ledger on a full or read-only disk
+
+def limited(size):
+    """A preexec_fn: files may not grow past SIZE bytes (a disk that fills mid-write), SIGXFSZ ignored so the
+    write comes back short (or EFBIG) as it does on a full disk."""
+    def apply():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return apply
+
+
+def test_finding_laptop_4_a_short_write_never_tears_a_ledger_row(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    first = json.dumps({"event": "push", "host": "otherbox", "time": "2026-12-03T16:46:58Z"}) + "\n"
+    path.write_text(first)
+    code = ("import sys; sys.path.insert(0, %r); import rgt\n"
+            "try:\n"
+            "    rgt.ledger_append(%r, event='launch', host='gpu', run_id='torn3', state='launched', attempt=1,\n"
+            "                      run_dir='~/dur/runs/torn3')\n"
+            "except OSError as exc:\n"
+            "    print('refused:', exc)\n" % (str(SCRIPTS), str(path)))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         preexec_fn=limited(len(first) + 40))
+    assert "refused:" in res.stdout, res.stdout + res.stderr   # the short write is an error, not a silent 0
+    assert path.read_text() == first                             # and it was undone: no torn row is left
+    # a row torn earlier (a crash mid-write: no newline at the end) never swallows the next one
+    path.write_text(first + '{"event": "launch", "host": "gpu", "run_id": "torn1", "run_d')
+    for rid in ("torn3", "torn4"):
+        res = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import rgt; "
+                              "rgt.ledger_append(%r, event='launch', host='gpu', run_id=%r, state='launched', "
+                              "attempt=1, run_dir='/d/runs/x')" % (str(SCRIPTS), str(path), rid)],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+    listed = run_py(RGT, "--ledger", path, "ledger")
+    assert "torn3" in listed.stdout and "torn4" in listed.stdout, listed.stdout
+    assert "WARN ledger line 2 is not a whole row" in listed.stdout and "torn1" in listed.stdout
+    assert listed.returncode == 1      # the list may be missing a run: said, never a quiet OK
+    doc = json.loads(run_py(RGT, "--ledger", path, "--json", "ledger").stdout)
+    assert [r["run_id"] for r in doc["runs"]] == ["torn3", "torn4"] and doc["torn_rows"][0]["line"] == 2
+
+
+def test_finding_laptop_5_an_unwritable_ledger_never_hides_what_the_node_did(tmp_path, sshd_server, durable):  # noqa: F811
+    work = tmp_path / "work"
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    blocked = tmp_path / "state-is-a-file"
+    blocked.write_text("")   # XDG_STATE_HOME/remote-gpu-trainer cannot be made: as unwritable as a read-only disk
+    common = ["--profile", "local", "--durable-dir", durable, "--cwd", work, "--", "--deadman-dry-run", "--wait",
+              "--poll-seconds", "0.2", "--", "python3", "-c", "print('step 1/1')"]
+    bad_ledger = blocked / "remote-gpu-trainer" / "ledger.jsonl"
+    res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--run-id", "ro2", *common, ledger=bad_ledger)
+    assert res.returncode == 2 and "cannot be written" in res.stderr and "nothing was started" in res.stderr, \
+        res.stdout + res.stderr
+    assert not (durable / "runs" / "ro2").exists()               # checked before the node acted
+    # the ledger fills up after the node acted: the launch is reported in full, with a WARN, exit 0
+    ledger = tmp_path / "full.jsonl"
+    ledger.write_text(json.dumps({"event": "push", "host": "x", "time": "2026-12-03T00:00:00Z"}) + "\n")
+    base = [sys.executable, str(RGT), "--ssh-config", str(sshd_server.config), "--node-dir",
+            str(tmp_path / "node-bin"), "--ledger", str(ledger)]
+    res = subprocess.run(base + ["launch", "gpu-box", "--run-id", "ro3", *map(str, common)], capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path, preexec_fn=limited(ledger.stat().st_size))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "run id:     ro3" in res.stdout and "watch:" in res.stdout
+    assert "WARN could not record this launch" in res.stderr and "unexpected" not in res.stderr
+    assert json.loads((durable / "runs" / "ro3" / "status.json").read_text())["state"] == "succeeded"
+    # read-only commands do their work and keep their own exit code
+    status = rgt(tmp_path, sshd_server, "status", "gpu-box", "ro3", "--durable-dir", durable, ledger=bad_ledger)
+    assert status.returncode == 0 and "SUCCEEDED" in status.stdout, status.stdout + status.stderr
+    assert "WARN could not record this status" in status.stderr
