@@ -531,3 +531,103 @@ def test_finding_laptop_5_an_unwritable_ledger_never_hides_what_the_node_did(tmp
     status = rgt(tmp_path, sshd_server, "status", "gpu-box", "ro3", "--durable-dir", durable, ledger=bad_ledger)
     assert status.returncode == 0 and "SUCCEEDED" in status.stdout, status.stdout + status.stderr
     assert "WARN could not record this status" in status.stderr
+
+
+# ---------------------------------------------------------------- laptop 3, review B5: which box is which
+
+@pytest.fixture
+def second_sshd(sshd_server, tmp_path):  # noqa: F811
+    """Box B: a second sshd on another port of the same user@127.0.0.1 (how a gateway hands out boxes), with
+    box A's keys, so one client config reaches both as `-p PORT user@127.0.0.1`."""
+    import tempfile
+    from sshd_fixture import SshdServer
+    base = Path(tempfile.mkdtemp(prefix="rgt-b-"))   # short: the ssh control socket path has a length limit
+    for name in ("host_ed25519", "host_ed25519.pub", "client_ed25519", "client_ed25519.pub"):
+        shutil.copy2(sshd_server.base / name, base / name)
+    server = SshdServer(base, sshd_server.sshd, sshd_server.ssh, sshd_server.keygen).start()
+    yield server
+    server.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def gateway_config(tmp_path, a, b, alias_port=None):
+    """An ssh config that reaches both boxes as USER@127.0.0.1 -p PORT, and `gpu` at ALIAS_PORT."""
+    known = tmp_path / "known_gateway"
+    key = (a.base / "host_ed25519.pub").read_text().split()
+    known.write_text("".join("[127.0.0.1]:%d %s %s\n" % (s.port, key[0], key[1]) for s in (a, b)))
+    lines = []
+    if alias_port:
+        lines += ["Host gpu", "  HostName 127.0.0.1", "  Port %d" % alias_port]
+    lines += ["Host *", "  IdentityFile %s" % (a.base / "client_ed25519"), "  IdentitiesOnly yes",
+              "  UserKnownHostsFile %s" % known, "  GlobalKnownHostsFile /dev/null", "  StrictHostKeyChecking yes",
+              "  BatchMode yes", "  LogLevel ERROR", ""]
+    path = tmp_path / ("gateway_%s.cfg" % (alias_port or "plain"))
+    path.write_text("\n".join(lines))
+    return path
+
+
+def rgt_at(tmp_path, config, *args, port=None):
+    base = [sys.executable, str(RGT), "--ssh-config", str(config), "--node-dir", str(tmp_path / "node-bin"),
+            "--ledger", str(tmp_path / "ledger.jsonl")] + (["-p", str(port)] if port else [])
+    env = dict(os.environ)
+    env.pop("RGT_PROFILE_INDEX", None)
+    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env=env)
+
+
+def test_finding_laptop_3_and_review_B5_two_boxes_at_one_address_stay_two(tmp_path, sshd_server, second_sshd,
+                                                                            durable):  # noqa: F811
+    from test_run_one import wait_for
+    import getpass
+    user = getpass.getuser()
+    a, b = sshd_server, second_sshd
+    cfg = gateway_config(tmp_path, a, b)
+    host = "%s@127.0.0.1" % user
+    for box in (a, b):
+        res = rgt_at(tmp_path, cfg, "push", host, "--transport", "tar", port=box.port)
+        assert res.returncode == 0, res.stdout + res.stderr
+    boxes = json.loads(rgt_at(tmp_path, cfg, "--json", "ledger").stdout)["boxes_without_runs"]
+    assert sorted(x["box"] for x in boxes) == sorted("%s:%d" % (host, s.port) for s in (a, b))   # two, not one
+    # the same run id on both: box A's runs on, box B's ends and passes the gate
+    work_a, work_b = tmp_path / "work-a", tmp_path / "work-b"
+    work_a.mkdir()
+    hold = ("import os, time\nt = time.monotonic()\n"
+            "while not os.path.exists('release') and time.monotonic() - t < 300: time.sleep(0.1)\n"
+            "os.makedirs('ckpt', exist_ok=True); open('ckpt/final.json', 'w').write('{}')\n")
+    (work_a / "job.py").write_text(hold)
+    for box, work, job in ((a, work_a, ["python3", "job.py"]),
+                           (b, work_b, ["python3", "-c", "import os; os.makedirs('ckpt', exist_ok=True); "
+                                                         "open('ckpt/final.json', 'w').write('{}')"])):
+        res = rgt_at(tmp_path, cfg, "launch", host, "--profile", "vastai", "--run-id", "exp3", "--durable-dir",
+                     durable / str(box.port), "--cwd", work, "--", "--output", "ckpt/*", "--deadman-dry-run",
+                     "--poll-seconds", "0.2", "--", *job, port=box.port)
+        assert res.returncode == 0, res.stdout + res.stderr
+    assert wait_for(lambda: rgt_at(tmp_path, cfg, "status", host, "exp3", port=b.port).returncode == 0, 120)
+    assert rgt_at(tmp_path, cfg, "pull", host, "exp3", port=b.port).returncode == 0
+    gate = rgt_at(tmp_path, cfg, "gate", host, "exp3", port=b.port)
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    runs = json.loads(rgt_at(tmp_path, cfg, "--json", "ledger").stdout)["runs"]
+    assert [(r["run_id"], r["box"]) for r in runs] == [("exp3", "%s:%d" % (host, a.port))], runs   # A still bills
+    assert "exp3" in rgt_at(tmp_path, cfg, "patrol", host, "--min-free-gb", "0", port=a.port).stdout
+    (work_a / "release").write_text("")
+    # an alias re-pointed at another box: a push through it lists that box, and the ledger says what moved
+    for port in (a.port, b.port):
+        res = rgt_at(tmp_path, gateway_config(tmp_path, a, b, alias_port=port), "push", "gpu", "--transport", "tar")
+        assert res.returncode == 0, res.stdout + res.stderr
+    listed = rgt_at(tmp_path, cfg, "ledger")
+    assert "NOTE gpu now reaches %s:%d" % (host, b.port) in listed.stdout, listed.stdout
+    assert "(pushed, no run)" in listed.stdout and "%s:%d" % (host, b.port) in listed.stdout   # B bills again
+
+
+def test_finding_laptop_3_a_new_machine_at_an_old_address_is_a_new_box(tmp_path):
+    """A gateway port handed to another instance: same address, another /etc/machine-id at push."""
+    rows = [{"event": "push", "host": "gw", "box": "root@gw:4000", "machine_id": "a" * 32},
+            {"event": "launch", "host": "gw", "box": "root@gw:4000", "run_id": "r1", "attempt": 1,
+             "state": "launched", "run_dir": "/d/runs/r1"},
+            {"event": "gate", "host": "gw", "box": "root@gw:4000", "run_id": "r1", "attempt": 1, "verdict": "PASS"},
+            {"event": "push", "host": "gw", "box": "root@gw:4000", "machine_id": "b" * 32}]
+    path = tmp_path / "ledger.jsonl"
+    path.write_text("".join(json.dumps(dict(r, time="2026-12-03T00:00:0%dZ" % i)) + "\n" for i, r in enumerate(rows)))
+    doc = json.loads(run_py(RGT, "--ledger", path, "--json", "ledger").stdout)
+    assert [(x["box"], x["machine_id"]) for x in doc["boxes_without_runs"]] == [("root@gw:4000", "b" * 32)]
+    assert any("NOTE gw now reaches root@gw:4000 [machine bbbb" in n for n in doc["notes"]), doc["notes"]
