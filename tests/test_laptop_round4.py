@@ -672,3 +672,67 @@ def test_finding_field_R17_probe_help_names_every_host_network_contacts(tmp_path
     for host in node_probe.DEFAULT_TARGETS:
         assert host in flat, host
     assert "443" in flat
+
+
+# ---------------------------------------------------------------- newcomer 1, 2: the README's walk-through
+
+def readme_walkthrough():
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Use it without an agent", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = []
+    for line in block.strip().splitlines():
+        line = line.split(" # ", 1)[0].strip()
+        for part in line.replace("&&", ";").split(";"):
+            if part.strip().startswith("$R "):
+                lines.append(part.strip()[3:])
+    return text, lines
+
+
+def test_finding_newcomer_1_the_readme_walkthrough_runs_on_a_plain_ssh_box(tmp_path, sshd_server, durable):  # noqa: F811
+    """Each `$R ...` line of the README, as written, against the test sshd (a plain box, not a Pod): HOST is the
+    test alias, '~/proj' a folder of this test, and launch gets --durable-dir here (its home is this machine's)."""
+    import shlex
+    sys.path.insert(0, str(SCRIPTS))
+    import rgt as cli
+    _text, lines = readme_walkthrough()
+    launch = next(l for l in lines if l.startswith("launch "))
+    profile = shlex.split(launch)[shlex.split(launch).index("--profile") + 1]
+    durable_default = sys.modules["rgt_core"].profile_defaults(profile).get("DURABLE_DIR") or ""
+    assert durable_default.startswith(("~/", os.path.expanduser("~") + "/")), \
+        "the README launches with --profile %s, whose durable dir %r is not on every ssh box" % (profile, durable_default)
+    assert cli  # the CLI the README names is this one
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text("import os\nos.makedirs('ckpt', exist_ok=True)\n"
+                                   "open('ckpt/final.json', 'w').write('{}')\nprint('step 1/1')\n")
+    for line in lines:
+        words = [w.replace("HOST", "gpu-box") for w in shlex.split(line)]
+        words = [str(work) if w == "~/proj" else w for w in words]
+        if words[0] == "launch":
+            cut = words.index("--")
+            words[cut:cut] = ["--durable-dir", str(durable)]
+            words[words.index("--", cut + 2) + 1:words.index("--", cut + 2) + 1] = ["--deadman-dry-run", "--wait"]
+        res = rgt(tmp_path, sshd_server, *words)
+        if words[0] == "status":
+            ok = res.returncode == 0 and "SUCCEEDED" in res.stdout
+        elif words[0] == "resume":
+            ok = res.returncode == 3 and "succeeded" in res.stdout   # nothing to resume: it says so
+        else:
+            ok = res.returncode == 0
+        assert ok, (line, res.returncode, res.stdout, res.stderr)
+    assert (tmp_path / "pulled" / "exp1" / "ckpt" / "final.json").is_file()
+
+
+def test_finding_newcomer_2_the_readme_says_where_pulls_and_the_ledger_land(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    import rgt as cli
+    text, _lines = readme_walkthrough()
+    dest = cli.build_parser().parse_args(["pull", "h", "r1"]).dest
+    assert "./%s/RID/" % dest in text                     # pull's default --dest, as the README names it
+    env = dict(os.environ)
+    env.pop("XDG_STATE_HOME", None)
+    default = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, %r); import rgt; "
+                              "print(rgt.ledger_path())" % str(SCRIPTS)], capture_output=True, text=True,
+                             env=env).stdout.strip()
+    assert default.replace(os.path.expanduser("~"), "~") in text
+    assert "$XDG_STATE_HOME/remote-gpu-trainer/ledger.jsonl" in text
