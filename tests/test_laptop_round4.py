@@ -736,3 +736,33 @@ def test_finding_newcomer_2_the_readme_says_where_pulls_and_the_ledger_land(tmp_
                              env=env).stdout.strip()
     assert default.replace(os.path.expanduser("~"), "~") in text
     assert "$XDG_STATE_HOME/remote-gpu-trainer/ledger.jsonl" in text
+
+
+# ---------------------------------------------------------------- field R16: lifecycle.md teaches rgt.py launch
+
+def test_finding_field_R16_lifecycle_teaches_rgt_launch_and_the_143_hint(tmp_path):
+    doc = (REPO / "references" / "run-remote" / "lifecycle.md").read_text()
+    assert "still suggests fixing" not in doc
+    phase3 = doc.split("## Phase 3", 1)[1].split("\n## ", 1)[0]
+    first_block = phase3.split("```bash", 1)[1].split("```", 1)[0]
+    assert first_block.strip().startswith("python3 scripts/rgt.py launch"), first_block
+    assert "no ledger row" in phase3
+    drill = doc.split("Then the drill", 1)[1].split("**Check**", 1)[0]
+    assert "$R launch" in drill and "$R resume" in drill and "run_one.sh" not in drill
+    # what the doc says of exit 143 is what run_status.py's hint says
+    sys.path.insert(0, str(NODE))
+    import run_status
+    src = (NODE / "run_status.py").read_text()
+    assert "rgt.py resume" in src and "rgt.py resume" in drill + doc.split("drill-a` ends", 1)[1][:400]
+    assert run_status  # imported: the hint lives there
+    # every rgt.py line the doc shows parses as the CLI's own syntax
+    import shlex
+    sys.path.insert(0, str(SCRIPTS))
+    import rgt as cli
+    shown = [l for l in doc.replace("\\\n", " ").splitlines() if "scripts/rgt.py launch" in l or l.startswith("$R ")]
+    assert shown
+    for line in shown:
+        words = shlex.split(line.split(" # ", 1)[0].replace("$R ", "python3 scripts/rgt.py "))
+        words = words[words.index("scripts/rgt.py") + 1:]
+        argv = words[:words.index("--")] if "--" in words else words
+        cli.build_parser().parse_args([w.replace("$", "") for w in argv])   # a usage error raises SystemExit
