@@ -62,8 +62,9 @@ with no tar either makes and reads the stream with python3's tarfile (python3 is
 Push and pull say which ran. The node folder gets the toolkit plus profiles/index.json, then the node's copy of the core checks that
 every file matches the version stamp; the command prints the version the node now runs.
 
-Exit codes: 0 OK (status: the run succeeded); 1 a check failed; 2 usage or bad input; 3 a gate
-refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
+Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
+may be missing a run); 2 usage or bad input (launch, resume: also a ledger that cannot be written, checked
+before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
 fired, ...); 255 ssh could not reach HOST.
 """
 import argparse
