@@ -110,8 +110,17 @@ def remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def holds_checkout(dest: Path, src: Path) -> bool:
+    """Whether DEST is SRC, or a folder SRC lives in (a git clone installed in place, reached through any
+    link): replacing DEST would delete the very checkout the installer runs from."""
+    here, there = os.path.realpath(src), os.path.realpath(dest)
+    return here == there or here.startswith(there.rstrip(os.sep) + os.sep)
+
+
 def install_one(src: Path, skills_dir: Path, link: bool, force: bool, dry_run: bool) -> str:
     dest = skills_dir / SKILL
+    if holds_checkout(dest, src):
+        raise Refused(f"{dest} is this checkout itself; replacing it would delete it")
     exists = dest.exists() or dest.is_symlink()
     if exists and not is_ours(dest) and not force:
         hint = " (a git clone: update it with git pull)" if (dest / ".git").exists() else ""
@@ -201,8 +210,8 @@ def main(argv=None) -> int:
 
     status = 0
     for folder in folders:
-        if (folder / SKILL).resolve() == src and not args.link:
-            print(f"SKIP {folder / SKILL} is this checkout itself")
+        if holds_checkout(folder / SKILL, src):   # copy or --link, --force or not: never delete the source
+            print(f"SKIP {folder / SKILL} is this checkout itself (or holds it); nothing to install there")
             continue
         try:
             print(install_one(src, folder, args.link, args.force, args.dry_run))

@@ -82,6 +82,10 @@ class FetchError(Exception):
     """The manifest could not be fetched (exit 1)."""
 
 
+class SizeMismatch(tarfile.TarError):
+    """A tar member's header claims another size than the manifest's: refused before anything is written."""
+
+
 class Interrupted(Exception):
     """SIGINT/SIGTERM arrived (exit 130)."""
 
@@ -237,11 +241,65 @@ def child_options(keep_fds=()):
     return {"preexec_fn": core.die_with_parent(), "pass_fds": keep_fds}
 
 
+DEFAULT_STALL_SECONDS = 300.0
+RSYNC_TIMEOUT_EXIT = (30, 35)   # rsync: "timeout in data send/receive", "timeout waiting for daemon connection"
+
+
+class StallGuard:
+    """Ends a transfer that moved no byte for SECONDS (a monotonic clock): a stalled node, a hung volume on
+    it, or a link that dropped without a reset would otherwise hang the pull (and the box bills on).
+    moved() is called for every chunk read; when the deadline passes, PROC is killed and .fired is set."""
+
+    def __init__(self, proc, seconds):
+        self.proc, self.seconds = proc, float(seconds)
+        self.last = time.monotonic()
+        self.fired = False
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def moved(self, count=1):
+        if count:
+            self.last = time.monotonic()
+
+    def _watch(self):
+        while not self.done.wait(min(1.0, self.seconds / 4)):
+            if time.monotonic() - self.last >= self.seconds:
+                self.fired = True
+                try:
+                    self.proc.kill()
+                except OSError:
+                    pass
+                return
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(5)
+
+
+class CountingReader:
+    """A file object for tarfile's stream mode that tells a StallGuard about every chunk."""
+
+    def __init__(self, raw, guard):
+        self.raw, self.guard = raw, guard
+
+    def read(self, size=-1):
+        data = self.raw.read(size)
+        self.guard.moved(len(data))
+        return data
+
+
+def stall_text(seconds):
+    return ("STALLED: the node sent nothing for %d s (a stalled link, node or disk there); what arrived is kept: "
+            "re-run the same command to continue" % seconds)
+
+
 class RsyncRun:
     """Run rsync in the foreground; forward its progress; survive Ctrl-C/SIGTERM by stopping it cleanly."""
 
-    def __init__(self, argv, show_progress: bool, keep_fds=()):
+    def __init__(self, argv, show_progress: bool, keep_fds=(), stall_seconds=DEFAULT_STALL_SECONDS):
         self.argv, self.show_progress, self.keep_fds = argv, show_progress, tuple(keep_fds)
+        self.stall_seconds = stall_seconds
         self.proc = None
 
     def run(self) -> dict:
@@ -267,6 +325,7 @@ class RsyncRun:
         text = out.decode("utf-8", "replace")
         err = b"".join(err_chunks).decode("utf-8", "replace").strip()
         return {"rc": rc, "seconds": round(time.monotonic() - started, 3),
+                "stalled_seconds": self.stall_seconds if rc in RSYNC_TIMEOUT_EXIT else None,
                 "literal_bytes": _stat_number(text, "Literal data"),
                 "matched_bytes": _stat_number(text, "Matched data"),
                 "files_transferred": _stat_number(text, "Number of regular files transferred"),
@@ -287,9 +346,10 @@ class RsyncRun:
                 self.proc.kill()
 
 
-def rsync_argv(rsync: str, host, root: str, staging: str, list_file: str, rsh, bwlimit, progress: bool):
+def rsync_argv(rsync: str, host, root: str, staging: str, list_file: str, rsh, bwlimit, progress: bool,
+               stall_seconds: float = DEFAULT_STALL_SECONDS):
     argv = [rsync, "--copy-links", "--times", "--partial", f"--partial-dir={PARTIAL_DIR}",
-            "--from0", f"--files-from={list_file}", "--stats"]
+            "--from0", f"--files-from={list_file}", "--stats", "--timeout=%d" % max(1, round(stall_seconds))]
     if bwlimit:
         argv.append(f"--bwlimit={bwlimit}")
     if progress:
@@ -309,8 +369,9 @@ class TarRun:
     unpacked here member by member. Resumable per file: a staging file that already has the manifest's
     size and SHA-256 is not asked for again; a file cut off mid-stream is never left under its name."""
 
-    def __init__(self, host, root, staging, manifest, rsh, jobs, keep_fds=()):
+    def __init__(self, host, root, staging, manifest, rsh, jobs, keep_fds=(), stall_seconds=DEFAULT_STALL_SECONDS):
         self.host, self.root, self.staging, self.rsh, self.jobs = host, root, staging, rsh, jobs
+        self.stall_seconds = stall_seconds
         self.keep_fds = tuple(keep_fds)
         self.entries = {e["path"]: e for e in manifest["files"]}
         self.proc = None
@@ -358,14 +419,24 @@ class TarRun:
         # "./" first: tar never reads a listed name as an option; manifest paths hold no newline
         feeder = threading.Thread(target=self._feed, args=(wanted,), daemon=True)
         feeder.start()
+        guard = StallGuard(self.proc, self.stall_seconds)
         try:
-            self._unpack(set(wanted), result)
+            self._unpack(set(wanted), result, guard)
+        except SizeMismatch as exc:
+            result["size_refused"] = str(exc)
+            result["stderr_tail"].append(str(exc))
+            broken = True
         except (tarfile.TarError, OSError, EOFError) as exc:
             result["stderr_tail"].append("tar stream broken: %s" % exc)
             broken = True
         else:
             broken = False
         finally:
+            guard.stop()
+            if guard.fired:
+                result["stalled_seconds"] = self.stall_seconds
+            if broken and self.proc.poll() is None:
+                self.proc.kill()   # the rest of a refused stream is never read: end the sender now
             self.proc.stdout.close()
             rc = self.proc.wait()
             feeder.join(5)
@@ -388,14 +459,19 @@ class TarRun:
         except OSError:
             pass
 
-    def _unpack(self, wanted, result):
-        with tarfile.open(fileobj=self.proc.stdout, mode="r|") as stream:
+    def _unpack(self, wanted, result, guard):
+        with tarfile.open(fileobj=CountingReader(self.proc.stdout, guard), mode="r|") as stream:
             for member in stream:
                 rel = member.name[2:] if member.name.startswith("./") else member.name
                 if member.isdir():
                     continue
                 if rel not in wanted or not member.isreg():
                     raise tarfile.TarError("unexpected member %r in the stream (not a listed regular file)" % rel)
+                want = self.entries[rel]["size"]
+                if member.size != want or member.issparse():   # before the first byte lands on this disk
+                    raise SizeMismatch("size: %s: the node's tar header says %d bytes%s, the manifest says %d; "
+                                       "nothing of it was written" % (rel, member.size, " (sparse)"
+                                                                      if member.issparse() else "", want))
                 target = os.path.join(self.staging, rel)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 if os.path.islink(target) or os.path.isdir(target):
@@ -491,6 +567,10 @@ def parse_args(argv):
     parser.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
                         help="auto (default): rsync when both ends have it, else a tar stream")
     parser.add_argument("--fresh", action="store_true", help="delete this run's staging dir first (no resume)")
+    parser.add_argument("--stall-seconds", type=core.arg_number(float, 0.0, 1e6, low_open=True),
+                        default=DEFAULT_STALL_SECONDS,
+                        help="give up when no byte arrives for this long (default %d); staging is kept, so the "
+                             "same command continues" % DEFAULT_STALL_SECONDS)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return parser.parse_args(argv)
 
@@ -562,7 +642,11 @@ def main(argv=None) -> int:
     summary.update({"run_id": run_id, "dest": final, "file_count": manifest["file_count"],
                     "total_bytes": manifest["total_bytes"]})
     try:
-        os.makedirs(dest, exist_ok=True)
+        if not os.path.isdir(dest):
+            os.makedirs(dest)
+            # pulled results are data, not code: a DEST made here keeps itself out of the project's git
+            atomic_write(os.path.join(dest, ".gitignore"), b"# made by pull_verified.py: pulled results stay out "
+                                                          b"of git\n*\n")
     except OSError as exc:
         print(f"pull_verified: cannot create --dest {dest}: {exc.strerror or exc}", file=sys.stderr)
         return 2
@@ -576,7 +660,8 @@ def main(argv=None) -> int:
         return code
 
     import fcntl  # POSIX only; imported late so --help works anywhere
-    lock_handle = open(os.path.join(dest, f".pull-{run_id}.lock"), "a+")
+    lock_path = os.path.join(dest, f".pull-{run_id}.lock")
+    lock_handle = open(lock_path, "a+")
     try:
         fcntl.flock(lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -603,7 +688,8 @@ def main(argv=None) -> int:
         print(f"pulling {manifest['file_count']} files ({human(manifest['total_bytes'])}) of run {run_id} "
               f"from {summary['source']} into {staging} ({transport})", file=sys.stderr)
         if transport == "tar":
-            rsync_job = TarRun(host, root, staging, manifest, args.rsh, args.jobs, keep_fds=held)
+            rsync_job = TarRun(host, root, staging, manifest, args.rsh, args.jobs, keep_fds=held,
+                               stall_seconds=args.stall_seconds)
             transfer = rsync_job.run()
         else:
             fd, list_file = tempfile.mkstemp(dir=dest, prefix=f".pull-{run_id}.", suffix=".list")
@@ -611,8 +697,9 @@ def main(argv=None) -> int:
                 # "./" keeps rsync from reading a name that starts with '#' or ';' as a comment line
                 handle.write(b"".join(b"./" + p.encode("utf-8") + b"\0" for p in paths))
             try:
-                rsync_job = RsyncRun(rsync_argv(rsync, host, root, staging, list_file, args.rsh, args.bwlimit, show),
-                                     show, keep_fds=held)
+                rsync_job = RsyncRun(rsync_argv(rsync, host, root, staging, list_file, args.rsh, args.bwlimit, show,
+                                                args.stall_seconds), show, keep_fds=held,
+                                     stall_seconds=args.stall_seconds)
                 transfer = rsync_job.run()
             finally:
                 os.unlink(list_file)
@@ -620,14 +707,20 @@ def main(argv=None) -> int:
         if transport == "rsync":
             summary["rsync"] = transfer  # the name older callers read
         problems, _ = verify_tree(staging, manifest, args.jobs)
-        if problems:
+        if problems or transfer.get("size_refused"):
             park_bad_files(staging, problems)
-            if transfer["rc"] != 0:
+            if transfer.get("size_refused"):
+                problems.insert(0, problem("size", summary["source"], transfer["size_refused"]))
+            elif transfer.get("stalled_seconds"):
+                problems.insert(0, problem("stalled", summary["source"], stall_text(transfer["stalled_seconds"])))
+            elif transfer["rc"] != 0:
                 problems.insert(0, problem(transport, summary["source"], f"{transport} exit {transfer['rc']}: " +
                                            " | ".join(transfer["stderr_tail"][-2:])))
-            summary.update({"problems": problems, "staging": staging})
-            emit(args, summary, [f"NOT PROMOTED: {len(problems)} problem(s); staging kept at {staging}. Fix the "
-                                 "cause, then re-run the same command to continue (--fresh starts over)"])
+            summary.update({"problems": problems, "staging": staging,
+                            "stalled": bool(transfer.get("stalled_seconds"))})
+            lead = (stall_text(transfer["stalled_seconds"]) + "; " if transfer.get("stalled_seconds") else "")
+            emit(args, summary, [f"NOT PROMOTED: {lead}{len(problems)} problem(s); staging kept at {staging}. Fix "
+                                 "the cause, then re-run the same command to continue (--fresh starts over)"])
             return 1
         verified = {"schema": VERIFIED_SCHEMA, "run_id": run_id, "manifest_sha256": raw_sha,
                     "file_count": manifest["file_count"], "total_bytes": manifest["total_bytes"],
@@ -643,6 +736,10 @@ def main(argv=None) -> int:
             emit(args, summary, [f"REFUSED: {final} appeared while pulling; verified copy left in {staging}"])
             return 3
         os.rename(staging, final)
+        try:
+            os.unlink(lock_path)   # still held: a pull that opens it now finds DEST/<run_id> and stops there
+        except OSError:
+            pass
         fsync_dir(dest)
     except Interrupted as exc:
         if rsync_job is not None:

@@ -91,6 +91,10 @@ def schema_problems(value, schema, where="request"):
             out += schema_problems(item, schema.get("items", {}), "%s[%d]" % (where, i))
     if isinstance(value, dict):
         props = schema.get("properties", {})
+        names = schema.get("propertyNames")
+        if isinstance(names, dict):
+            for key in value:
+                out += ["%s key %s" % (where, p.split(" ", 1)[1]) for p in schema_problems(key, names, where)]
         for key in schema.get("required", []):
             if key not in value:
                 out.append("%s.%s is required" % (where, key))
@@ -132,7 +136,28 @@ def load_request(path):
     return normalise(req)
 
 
+def control_chars(value, where="request"):
+    """Where a string of the request (a key too) holds a newline or another control character: every engine
+    pastes some of them into a shell script or an #SBATCH line, where a newline starts a new command."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = control_chars(key, "%s key" % where) or control_chars(item, "%s.%s" % (where, key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = control_chars(item, "%s[%d]" % (where, i))
+            if found:
+                return found
+    elif isinstance(value, str) and re.search(r"[\x00-\x1f\x7f]", value):
+        return "%s holds a newline or control character (%r)" % (where, value[:60])
+    return None
+
+
 def normalise(req):
+    bad = control_chars(req)
+    if bad:
+        raise core.UsageError(bad)
     res, out = req["resources"], req["outputs"]
     ck = dict({"dir": "ckpt", "glob": "ckpt-*", "resume_args": [], "save_seconds": 60, "stop_signal": "TERM"},
               **req.get("checkpoint", {}))
@@ -325,6 +350,9 @@ def render_slurm(req):
     for key in ("partition", "account"):
         if res.get(key):
             d.append("--%s=%s" % (key, res[key]))
+    for line in d:   # one word each: sbatch reads an #SBATCH value up to the first blank
+        if re.search(r"\s", line):
+            raise core.UsageError("the Slurm directive %r would hold a blank; use a value without spaces" % line)
     head = ["#!/bin/bash"] + ["#SBATCH %s" % x for x in d] + [
         "# Rendered by render_job.py (remote-gpu-trainer) for run %s. Submit: sbatch THIS_FILE" % req["run_id"],
         "# The log dir must exist before sbatch opens the output file, so it is created at submit time too:",

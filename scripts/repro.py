@@ -298,6 +298,11 @@ def main(argv=None):
         maps += [(v, '"$SRC"/%s' % q(sub) if sub != "." else '"$SRC"') for v in path_variants(cwd)]
         maps += [(v, '"$SRC"') for v in path_variants(toplevel)] if toplevel else []
     maps.sort(key=lambda m: -len(m[0]))
+    secrets = core.url_secrets(cmd)
+    if secrets:   # repro.sh is shared: a presigned URL or user:token@ in the argv must not travel with it
+        cmd = [core.scrub_urls(w) for w in cmd]
+        warnings.append("%d command word(s) held a URL credential, removed from repro.sh: give it to the job "
+                        "through an environment variable or a 0600 file instead of its arguments" % len(secrets))
     words, changed = [], []
     for word in cmd:
         rendered, moved = rewrite_word(word, maps, cwd, toplevel if commit else None)
@@ -307,7 +312,14 @@ def main(argv=None):
     warnings += outside_paths(cmd, maps, cwd, toplevel if commit else None,
                               [d.get("path") for d in env.get("data") or [] if isinstance(d, dict)])
     job_py = (env.get("python") or {}).get("executable") or cmd[0]
-    seeds = env.get("seeds") if isinstance(env.get("seeds"), dict) else {}
+    recorded = env.get("seeds") if isinstance(env.get("seeds"), dict) else {}
+    # only what run_env.py records as a seed is exported: anything else in "seeds" (LD_PRELOAD, BASH_ENV,
+    # PATH) did not come from the tool and would run code before the job does
+    seeds = {k: str(v) for k, v in recorded.items() if run_env.is_seed_name(k)}
+    odd = sorted(str(k) for k in recorded if not run_env.is_seed_name(k))
+    if odd:
+        warnings.append("env.json's seeds hold names that are not seed variables, NOT exported: %s"
+                        % ", ".join(odd)[:300])
     run_id = re.sub(r"[^A-Za-z0-9._-]", "_", str(run.get("run_id") or os.path.basename(run_dir)))[:60]
     diff_cmd = " ".join(q(w) for w in run_env.GIT_DIFF_ARGS)
     lines = [
@@ -365,14 +377,13 @@ def main(argv=None):
             lines.append("say \"WARN the run's uncommitted changes are NOT reproduced (no code.patch); expect "
                          "different numbers\"")
     else:
-        lines += ["say \"WARN the code is not pinned (no git commit was recorded): running in %s as it is now\"" % cwd,
-                  "SRC=%s" % q(cwd), "SUB=."]
+        lines += ["say %s" % q("WARN the code is not pinned (no git commit was recorded): running in %s as it is "
+                               "now" % cwd), "SRC=%s" % q(cwd), "SUB=."]
     for warning in warnings:
         lines.append("say %s" % q("WARN " + warning))
     lines += ["", "echo \"[2/5] seeds\""]
     for key in sorted(seeds):
-        if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            lines.append("export %s=%s" % (key, q(seeds[key])))
+        lines.append("export %s=%s" % (key, q(seeds[key])))
     lines += ["say %s" % q("seeds: " + (", ".join("%s=%s" % kv for kv in sorted(seeds.items())) or "none recorded")),
               "", "echo \"[3/5] environment and data\"",
               "\"$RGT_PY\" \"$RGT_HOME/scripts/node/run_env.py\" \"$NEW_RUN\" --python \"$JOB_PY\" "

@@ -76,11 +76,13 @@ with no tar either makes and reads the stream with python3's tarfile (python3 is
 Push and pull say which ran. The node folder gets the toolkit plus profiles/index.json, then the node's copy of the core checks that
 every file matches the version stamp; the command prints the version the node now runs.
 
-Exit codes: 0 OK (status: the run succeeded); 1 a check failed; 2 usage or bad input; 3 a gate
-refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
+Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
+may be missing a run); 2 usage or bad input (launch, resume: also a ledger that cannot be written, checked
+before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
 fired, ...); 255 ssh could not reach HOST.
 """
 import argparse
+import errno
 import json
 import re
 import os
@@ -136,7 +138,8 @@ class Ssh(object):
             self.base += ["-p", str(port)]
         if identity:
             self.base += ["-i", identity]
-        self.base += ["-o", "BatchMode=yes"]
+        # a dropped link or a frozen node is noticed in about a minute instead of never (pull, gate, status)
+        self.base += ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
 
     @property
     def rsh(self):
@@ -183,60 +186,201 @@ def ledger_path(explicit=None):
     return os.path.join(base, "remote-gpu-trainer", "ledger.jsonl")
 
 
+class LedgerError(OSError):
+    """The ledger could not be written (read-only, full, gone)."""
+
+
 def ledger_append(path, **event):
-    """Append one event (a JSON line, fsynced): the ledger only ever grows."""
+    """Append one event as ONE write of one JSON line (fsynced): the ledger only ever grows. A short write (a
+    full disk) is undone (the file is cut back to its old size) and raised, so a torn row never glues itself to
+    the next one; a file that does not end in a newline (a crash mid-row) gets one first."""
     event["time"] = core.utc_iso()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, (json.dumps(event, sort_keys=True) + "\n").encode("utf-8"))
+        size = os.fstat(fd).st_size
+        lead = b""
+        if size:
+            os.lseek(fd, size - 1, os.SEEK_SET)
+            lead = b"" if os.read(fd, 1) == b"\n" else b"\n"
+        data = lead + (json.dumps(event, sort_keys=True) + "\n").encode("utf-8")
+        try:
+            written = os.write(fd, data)
+        except OSError:
+            written = -1
+            raise
+        finally:
+            if written != len(data):
+                try:
+                    os.ftruncate(fd, size)
+                except OSError:
+                    pass
+        if written != len(data):
+            raise LedgerError(errno.ENOSPC, "short write (%d of %d bytes; disk full?), row undone" % (
+                written, len(data)))
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def ledger_events(path):
+def ledger_writable(path):
+    """Raise UsageError unless a row could be appended to PATH now (folder creatable, file openable): checked
+    before a command acts on the node, so a launch never runs unrecorded."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
+    except OSError as exc:
+        raise core.UsageError("the run ledger %s cannot be written (%s): nothing was started; pass --ledger FILE "
+                              "(or set XDG_STATE_HOME) to a writable place" % (path, exc.strerror or exc))
+
+
+def record(args, **event):
+    """One ledger row for this command's box; never fails the command: when the row cannot be written, one
+    WARN line says so and what the node did stays reported. Returns whether it was written."""
+    path = ledger_path(args.ledger)
+    address, machine = box_of(args)
+    event.setdefault("host", args.host)
+    event["box"] = address
+    if machine and "machine_id" not in event:
+        event["machine_id"] = machine
+    try:
+        ledger_append(path, **event)
+        return True
+    except OSError as exc:
+        sys.stderr.write("WARN could not record this %s in the ledger %s (%s): `rgt.py ledger` will not list it; "
+                         "what the node did is reported above and stands\n" % (event.get("event"), path,
+                                                                             exc.strerror or exc))
+        return False
+
+
+def ledger_events(path, torn=None):
+    """The ledger's rows in order. Lines that are not one JSON object (a row torn by a crash or a full disk)
+    are skipped and, when TORN is a list, reported there as (line number, first characters)."""
     events = []
     try:
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
                 try:
                     event = json.loads(line)
                 except ValueError:
-                    continue  # a torn last line from a crash is skipped, never fatal
+                    event = None
                 if isinstance(event, dict):
                     events.append(event)
-    except FileNotFoundError:
-        pass
+                elif torn is not None:
+                    torn.append((number, line.strip()[:80]))
+    except (FileNotFoundError, NotADirectoryError):
+        pass   # no ledger there (yet): nothing recorded
     except OSError as exc:
         raise core.UsageError("cannot read the ledger %s: %s" % (path, exc.strerror))
     return events
 
 
+# A box is who answers at an address: user@hostname:port as ssh resolves HOST (an alias, -p, the config's User),
+# plus the node's own /etc/machine-id read at push. Two boxes behind one gateway differ by port; a new box
+# behind an old alias or a reused gateway port differs by address or machine id.
+
+def resolve_address(host, port=None, config=None):
+    """user@hostname:port as ssh would connect to HOST (`ssh -G`, which reads the config and connects to
+    nothing); HOST[:PORT] when ssh cannot say."""
+    argv = ["ssh"] + (["-F", config] if config else []) + (["-p", str(port)] if port else []) + ["-G", host]
+    try:
+        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                             timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = b""
+    conf = {}
+    for line in text(out).splitlines():
+        key, _, value = line.partition(" ")
+        conf.setdefault(key.lower(), value.strip())
+    if conf.get("hostname") and conf.get("port"):
+        return "%s@%s:%s" % (conf.get("user") or "?", conf["hostname"], conf["port"])
+    return host + (":%s" % port if port else "")
+
+
+def box_of(args):
+    """(address, machine id or None) of the box this command talks to; the machine id is the newest one a
+    push to that address recorded."""
+    if getattr(args, "_box", None) is None:
+        address = resolve_address(args.host, args.port, args.ssh_config)
+        machine = None
+        for event in ledger_events(ledger_path(args.ledger)):
+            if event.get("event") == "push" and event.get("box") == address and event.get("machine_id"):
+                machine = event["machine_id"]
+        args._box = (address, machine)
+    return args._box
+
+
+def box_label(address, machine):
+    return address + (" [machine %s]" % machine[:12] if machine else "")
+
+
 def ledger_runs(events):
-    """Fold events into one record per (host, run id), plus boxes pushed to with no run."""
-    runs, boxes = {}, {}
-    for event in events:
-        host = event.get("host")
-        boxes.setdefault(host, {"host": host, "last_seen": None})["last_seen"] = event.get("time")
+    """Fold events into one record per (box, run id), plus one per box. A box key is (address, machine id):
+    rows written before the box's machine id was known count for the first machine seen at that address; a
+    push that finds another machine there starts a new box. Rows older than box addresses key by host."""
+    runs, boxes, machine_at = {}, {}, {}
+    for index, event in enumerate(events):
+        address = event.get("box") or event.get("host")
+        mid = event.get("machine_id") if event.get("event") == "push" else None
+        if mid and machine_at.get(address) is None and (address, None) in boxes:
+            for table in (runs, boxes):   # the first machine id learned for this address: adopt the rows
+                for key in [k for k in table if (k[0], k[1]) == (address, None)]:
+                    rec = table.pop(key)
+                    rec["machine_id"] = mid
+                    table[(address, mid) + key[2:]] = rec
+        if mid:
+            machine_at[address] = mid
+        key = (address, machine_at.get(address))
+        box = boxes.setdefault(key, {"host": event.get("host"), "box": address, "machine_id": key[1],
+                                     "aliases": [], "last_seen": None, "last_push": -1, "last_run_event": -1})
+        box["last_seen"], box["host"] = event.get("time"), event.get("host") or box["host"]
+        if event.get("host") and event["host"] not in box["aliases"]:
+            box["aliases"].append(event["host"])
+        if event.get("event") == "push":
+            box["last_push"] = index
         rid = event.get("run_id")
         if not rid:
             continue
-        rec = runs.setdefault((host, rid), {"host": host, "run_id": rid, "gate": None})
-        for key in ("profile", "run_dir", "results_dir", "state", "dest", "attempt"):
-            if event.get(key):
-                rec[key] = event[key]
+        box["last_run_event"] = index
+        rec = runs.setdefault(key + (rid,), {"host": event.get("host"), "box": address, "machine_id": key[1],
+                                              "run_id": rid, "gate": None})
+        for field in ("profile", "run_dir", "results_dir", "state", "dest"):
+            if event.get(field):
+                rec[field] = event[field]
+        attempt = event.get("attempt")
+        if isinstance(attempt, int) and not isinstance(attempt, bool):
+            if event.get("event") == "gate" or attempt >= (rec.get("attempt") or 0):
+                rec["attempt"] = attempt
         if event.get("event") == "gate":
             rec["gate"] = event.get("verdict")
+            rec["gated_attempt"] = attempt
         elif event.get("event") in ("launch", "resume") and event.get("state") == "launched":
             rec["gate"] = None  # a new attempt runs (and bills) again: an earlier gate PASS no longer covers it
+        elif rec["gate"] == "PASS" and event.get("event") in ("status", "patrol") and (
+                event.get("state") in core.ACTIVE_RUN_STATES or
+                (isinstance(attempt, int) and isinstance(rec.get("gated_attempt"), int) and
+                 attempt > rec["gated_attempt"])):
+            rec["gate"] = None  # the node says an attempt runs that the gate never saw: it bills again
         rec["last_event"], rec["last_seen"] = event.get("event"), event.get("time")
+        rec["host"] = event.get("host") or rec["host"]
     return runs, boxes
 
 
-def known_run(args, rid):
+def box_runs(args):
+    """{run id: record} of this command's box, from the ledger."""
     runs, _ = ledger_runs(ledger_events(ledger_path(args.ledger)))
-    rec = runs.get((args.host, rid))
+    address, machine = box_of(args)
+    mine = {key[2]: rec for key, rec in runs.items() if key[:2] == (address, machine)}
+    for key, rec in runs.items():   # rows from before boxes had addresses: keyed by the host string
+        if key[0] == args.host and key[1] is None and key[2] not in mine:
+            mine[key[2]] = rec
+    return mine
+
+
+def known_run(args, rid):
+    rec = box_runs(args).get(rid)
     if rec is None or not rec.get("run_dir"):
         raise core.UsageError("no launch of run %r on %s in the ledger %s (launch it with rgt.py, or pass "
                               "--durable-dir)" % (rid, args.host, ledger_path(args.ledger)))
@@ -253,6 +397,10 @@ def run_paths(args, rid, profile=None):
     if durable:
         durable = durable.rstrip("/")
         return durable + "/runs/" + rid, durable + "/results/" + rid, profile
+    if getattr(args, "command", None) == "launch":   # a new run: the ledger cannot know it yet
+        raise core.UsageError("profile %s has no default durable dir (DURABLE_DIR): pass --durable-dir DIR, a "
+                              "folder on storage that outlives the box (see profiles/%s.md, Storage)"
+                              % (profile, profile))
     rec = known_run(args, rid)
     return rec["run_dir"], rec.get("results_dir"), rec.get("profile") or profile
 
@@ -296,10 +444,14 @@ def cmd_push(args, ssh):
     files = toolkit_files()
     node = args.node_dir
     probe = checked(ssh.run(remote_command(["mkdir", "-p", node]) + " || exit 1; for p in rsync tar; do "
-                            "command -v $p >/dev/null 2>&1 && echo $p; done; echo probed", timeout=120), "push")
+                            "command -v $p >/dev/null 2>&1 && echo $p; done; for f in /etc/machine-id "
+                            "/var/lib/dbus/machine-id; do [ -r $f ] && { echo machine-id:$(head -c 64 $f); break; }; "
+                            "done; echo probed", timeout=120), "push")
     if probe.returncode != 0:
         raise core.CheckFailed("cannot create %s on %s: %s" % (node, args.host, text(probe.stderr).strip()))
     has = text(probe.stdout).split()
+    found = re.search(r"^machine-id:([0-9A-Za-z-]{8,64})\s*$", text(probe.stdout), re.M)
+    machine = found.group(1) if found else None   # the node's own identity: tells two boxes at one address apart
     node_rsync, packer = "rsync" in has, "tar" if "tar" in has else "python3"
     transport = args.transport
     if transport == "auto":
@@ -325,8 +477,13 @@ def cmd_push(args, ssh):
     if check.returncode != 0 or version != want:
         raise core.CheckFailed("the node's toolkit did not verify (version %r, want %r): %s"
                                % (version, want, text(check.stderr).strip()[-300:]))
-    ledger_append(ledger_path(args.ledger), event="push", host=args.host, node_dir=node, version=version,
-                  transport=transport)
+    address, known = box_of(args)
+    args._box = (address, machine or known)
+    record(args, event="push", node_dir=node, machine_id=machine, version=version, transport=transport)
+    if machine and known and machine != known:
+        sys.stderr.write("NOTE %s now reaches another machine than before (machine id %s, was %s): a new box; the "
+                         "runs recorded for the old one stay listed in `rgt.py ledger`\n"
+                         % (address, machine[:12], known[:12]))
     how = transport if transport == "rsync" or packer == "tar" else "a tar stream (python3 tarfile: no tar there)"
     return report(args, {"ok": True, "host": args.host, "node_dir": node, "version": version,
                          "transport": transport, "node_tar": None if transport == "rsync" else packer,
@@ -399,12 +556,15 @@ def cmd_launch(args, ssh):
     if args.durable_dir:
         argv += ["--durable-dir", args.durable_dir]
     argv += options + ["--"] + job
+    ledger_writable(ledger_path(args.ledger))   # before the node acts: a launch never runs unrecorded
+    secrets = core.url_secrets(job)
+    if secrets:
+        sys.stderr.write("WARN %d job argument(s) hold a URL credential (user:password@ or a signed query): the "
+                         "node records the command (run.json, job.log); pass it through an environment file or "
+                         "a 0600 file the job reads instead\n" % len(secrets))
     res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
-    ledger_append(ledger_path(args.ledger), event="launch", host=args.host, run_id=rid, profile=profile,
-                  run_dir=run_dir, results_dir=results_dir, state="launched" if ok else "launch_failed",
-                  rc=res.returncode, attempt=launched_attempt(out), **budget["ledger"])
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
               "budget": budget["note"],
               "watch": again(args, "status", args.host, rid), "eta": "unknown until the "
@@ -418,6 +578,10 @@ def cmd_launch(args, ssh):
                        "cost:       %s" % fields["cost_so_far"], "teardown:   %s" % fields["teardown"]]
                       + (["budget:     %s" % budget["note"]] if budget["note"] else []))
     report(args, fields, human if ok else "%s launch of %s exited %d" % (core.FAIL, rid, res.returncode))
+    sys.stdout.flush()
+    record(args, event="launch", run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir,
+           state="launched" if ok else "launch_failed", rc=res.returncode, attempt=launched_attempt(out),
+           **budget["ledger"])
     return res.returncode
 
 
@@ -435,8 +599,7 @@ def launched_attempt(out):
 
 def ledger_attempt(args, rid):
     """The run's latest attempt number in the ledger (for rows of commands that do not ask the node)."""
-    rec = ledger_runs(ledger_events(ledger_path(args.ledger)))[0].get((args.host, rid)) or {}
-    return rec.get("attempt")
+    return (box_runs(args).get(rid) or {}).get("attempt")
 
 
 def cost_line(rate, hours):
@@ -453,7 +616,7 @@ def cmd_status(args, ssh):
         argv += ["--rate-per-hour", str(args.rate_per_hour)]
     res, status = node_json(args, ssh, argv, "status", 120)
     state = status.get("status") or status.get("state")
-    ledger_append(ledger_path(args.ledger), event="status", host=args.host, run_id=rid, state=state,
+    record(args, event="status", run_id=rid, state=state,
                   attempt=status.get("attempt"))
     status["cost_from_ledger"] = ledger_cost(args, rid)
     if args.json:
@@ -488,7 +651,7 @@ def cmd_ack(args, ssh):
     argv = ["python3", node_tool(args, "deadman.py"), "ack", "--run-dir", run_dir]
     argv += ["--disarm"] if args.disarm else ["--postpone-minutes", str(args.postpone_minutes)]
     res = checked(ssh.run(remote_command(argv), timeout=120), "ack")
-    ledger_append(ledger_path(args.ledger), event="ack", host=args.host, run_id=rid,
+    record(args, event="ack", run_id=rid,
                   attempt=ledger_attempt(args, rid), action="disarm" if args.disarm else "postpone %s min" % args.postpone_minutes)
     sys.stdout.write(text(res.stdout))
     sys.stderr.write(text(res.stderr))
@@ -504,12 +667,14 @@ def cmd_resume(args, ssh):
     if args.give_up_hours is not None:
         argv += ["--give-up-hours", str(args.give_up_hours)]
     argv += ["--dry-run"] if args.dry_run else []
+    if not args.dry_run:
+        ledger_writable(ledger_path(args.ledger))   # before the node acts: a new attempt never runs unrecorded
     # boot_resume waits up to 90 s for the old dead-man and 600 s for the relaunch: leave it room
     res, result = node_json(args, ssh, argv, "resume", 900)
     if not args.dry_run:
         launched = result.get("action") == "resumed" and result.get("ok")
         # a refused or failed resume leaves the run at its current attempt; boot_resume names the next one
-        ledger_append(ledger_path(args.ledger), event="resume", host=args.host, run_id=rid, profile=profile,
+        record(args, event="resume", run_id=rid, profile=profile,
                       run_dir=run_dir, attempt=result.get("attempt") if launched else ledger_attempt(args, rid),
                       state="launched" if launched else "resume_" + str(result.get("action")), rc=res.returncode)
     if args.json:
@@ -518,7 +683,12 @@ def cmd_resume(args, ssh):
         line = "%s %s: %s" % (core.OK if result.get("ok") else core.FAIL, rid, result.get("action"))
         line += (" (%s)" % result["why"]) if result.get("why") else " as attempt %s" % result.get("attempt")
         print(line)
-        if result.get("resume_from"):
+        if result.get("resume_from") and result.get("restored_from"):
+            # the job's own copy is torn, empty or gone: say which file the attempt really starts from
+            print("resume:     from %s as put back from its verified durable copy %s (the job's own copy is torn, "
+                  "empty or gone; it is kept aside), adds %s" % (result["resume_from"], result["restored_from"],
+                                                                 " ".join(result.get("resume_args") or [])))
+        elif result.get("resume_from"):
             print("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
         if result.get("warning"):
             print("WARN %s" % result["warning"])
@@ -571,8 +741,7 @@ def cmd_patrol(args, ssh):
     if args.run_ids:
         rids = [check_run_id(r) for r in args.run_ids]
     else:
-        runs, _ = ledger_runs(ledger_events(ledger_path(args.ledger)))
-        rids = sorted(r["run_id"] for (h, _), r in runs.items() if h == args.host and r.get("gate") != "PASS")
+        rids = sorted(rid for rid, r in box_runs(args).items() if r.get("gate") != "PASS")
     if not rids:
         return report(args, {"ok": True, "host": args.host, "runs": [], "escalate": False},
                       "%s patrol %s: no run of this box waits for the gate (ledger %s)"
@@ -601,7 +770,7 @@ def cmd_patrol(args, ssh):
         escalate = escalate or bad
         results.append({"run_id": rid, "escalate": bad, "why": why, "status": st})
         lines.append("  " + patrol_line(rid, st) + ("  <- ESCALATE: " + "; ".join(why) if bad else ""))
-        ledger_append(ledger_path(args.ledger), event="patrol", host=args.host, run_id=rid, state=st.get("status"),
+        record(args, event="patrol", run_id=rid, state=st.get("status"),
                       attempt=st.get("attempt"))
     head = "%s patrol %s: %d run(s)%s" % ("ESCALATE" if escalate else core.OK, args.host, len(rids),
                                          "" if escalate else ", nothing needs you")
@@ -624,23 +793,23 @@ def cmd_pull(args, ssh):
     argv = laptop_tool("pull_verified.py") + ["--source", "%s:%s" % (args.host, results), "--dest", args.dest,
                                              "--rsh", ssh.rsh, "--transport", args.transport] + (["--json"] if args.json else [])
     res = subprocess.run(argv)
-    ledger_append(ledger_path(args.ledger), event="pull", host=args.host, run_id=rid, dest=args.dest,
+    record(args, event="pull", run_id=rid, dest=args.dest,
                   state="pulled" if res.returncode == 0 else "pull_failed", attempt=ledger_attempt(args, rid))
     return res.returncode
 
 
 def cmd_gate(args, ssh):
     rid = check_run_id(args.run_id)
-    _run, results, profile = run_paths(args, rid, None)
+    run_dir, results, profile = run_paths(args, rid, None)
     profile = args.profile or profile
     if not profile:
         raise core.UsageError("which platform? pass --profile (the ledger has none for %s)" % rid)
     argv = laptop_tool("teardown_gate.py") + ["--pulled", os.path.join(args.dest, rid), "--source",
                                               "%s:%s" % (args.host, results), "--rsh", ssh.rsh,
-                                              "--profile", profile] + ([] if args.no_inspect else ["--inspect"]) \
+                                              "--run-dir", run_dir, "--profile", profile] + ([] if args.no_inspect else ["--inspect"]) \
         + (["--json"] if args.json else [])
     res = subprocess.run(argv)
-    ledger_append(ledger_path(args.ledger), event="gate", host=args.host, run_id=rid,
+    record(args, event="gate", run_id=rid,
                   verdict="PASS" if res.returncode == 0 else "REFUSED", attempt=ledger_attempt(args, rid))
     if res.returncode == 0 and not args.json:
         print("sweep:      %s   (other runs on this box)" % again(args, "sweep", args.host))
@@ -652,9 +821,7 @@ def cmd_sweep(args, ssh):
     if args.durable_dir:
         roots = [args.durable_dir.rstrip("/") + "/runs"]
     else:
-        runs, _ = ledger_runs(ledger_events(ledger_path(args.ledger)))
-        roots = sorted({r["run_dir"].rsplit("/", 1)[0] for (h, _), r in runs.items()
-                        if h == args.host and r.get("run_dir")})
+        roots = sorted({r["run_dir"].rsplit("/", 1)[0] for r in box_runs(args).values() if r.get("run_dir")})
     if not roots:
         raise core.UsageError("no run of %s in the ledger %s: pass --durable-dir" % (args.host, ledger_path(args.ledger)))
     argv = ["python3", node_tool(args, "final_sweep.py")]
@@ -664,7 +831,7 @@ def cmd_sweep(args, ssh):
     res = checked(ssh.run(remote_command(argv), timeout=7 * 3600), "sweep")
     sys.stdout.write(text(res.stdout))
     sys.stderr.write(text(res.stderr))
-    ledger_append(ledger_path(args.ledger), event="sweep", host=args.host, runs_dirs=roots,
+    record(args, event="sweep", runs_dirs=roots,
                   state="all saved" if res.returncode == 0 else "sweep exit %d" % res.returncode)
     return res.returncode
 
@@ -673,31 +840,56 @@ def cmd_sweep(args, ssh):
 
 def cmd_ledger(args):
     path = ledger_path(args.ledger)
-    runs, boxes = ledger_runs(ledger_events(path))
+    torn = []
+    events = ledger_events(path, torn)
+    runs, boxes = ledger_runs(events)
     now = time.time()
     open_runs = [r for r in runs.values() if args.all or r.get("gate") != "PASS"]
-    hosts_with_runs = {r["host"] for r in runs.values()}
-    idle_boxes = [b for h, b in boxes.items() if h not in hosts_with_runs]
+    busy = {(r["box"], r["machine_id"]) for r in runs.values() if r.get("gate") != "PASS"}
+    # a box bills until stopped: listed when nothing open is listed for it and it was pushed to after its last
+    # run row (a fresh box, or a box pushed to again after its runs passed the gate)
+    idle_boxes = [b for key, b in boxes.items() if key not in busy and b["last_push"] > b["last_run_event"]]
     for rec in open_runs + idle_boxes:
         seen = core.parse_iso(rec.get("last_seen"))
         rec["last_seen_ago"] = core.human_age(now - seen) if seen else "n/a"
+    notes = []
+    reached = {}
+    for box in sorted(boxes.values(), key=lambda b: b["last_push"]):
+        for alias in box["aliases"]:
+            reached.setdefault(alias, []).append(box)
+    for alias, seen_boxes in sorted(reached.items()):
+        if len(seen_boxes) > 1 and alias != seen_boxes[-1]["box"]:
+            notes.append("NOTE %s now reaches %s; it reached %s before: runs listed there are on that other box" % (
+                alias, box_label(seen_boxes[-1]["box"], seen_boxes[-1]["machine_id"]),
+                ", ".join(box_label(b["box"], b["machine_id"]) for b in seen_boxes[:-1])))
+    torn_lines = ["WARN ledger line %d is not a whole row (torn by a crash or a full disk), not counted: %s" % t
+                  for t in torn]
     if args.json:
-        core.emit_json({"ledger": path, "runs": sorted(open_runs, key=lambda r: (r["host"], r["run_id"])),
-                        "boxes_without_runs": idle_boxes})
-        return 0
+        for box in idle_boxes:
+            box.pop("last_push", None), box.pop("last_run_event", None)
+        core.emit_json({"ledger": path, "runs": sorted(open_runs, key=lambda r: (r["host"], r["box"], r["run_id"])),
+                        "boxes_without_runs": idle_boxes, "notes": notes,
+                        "torn_rows": [{"line": n, "text": t} for n, t in torn]})
+        return 1 if torn else 0
+    for line in torn_lines:
+        print(line)
     if not open_runs and not idle_boxes:
         print("%s nothing in %s is waiting for the teardown gate" % (core.OK, path))
-        return 0
-    for rec in sorted(open_runs, key=lambda r: (r["host"], r["run_id"])):
+        for line in notes:
+            print(line)
+        return 1 if torn else 0
+    for rec in sorted(open_runs, key=lambda r: (r["host"], r["box"], r["run_id"])):
         tag = ("PASSED gate" if rec.get("gate") == "PASS" else
                "NOT GATED (no meter)" if rec.get("profile") == "local" else "MAY STILL BE BILLING")
-        print("%-22s %-14s %-30s attempt %-3s last %-10s seen %s ago (%s)" % (
+        print("%-22s %-14s %-30s attempt %-3s last %-10s seen %s ago (%s)  box %s" % (
               tag, rec["host"], rec["run_id"], rec.get("attempt") or "?", rec.get("last_event"),
-              rec["last_seen_ago"], rec.get("state") or "?"))
+              rec["last_seen_ago"], rec.get("state") or "?", box_label(rec["box"], rec.get("machine_id"))))
     for box in idle_boxes:
-        print("%-22s %-14s %-30s seen %s ago" % ("MAY STILL BE BILLING", box["host"], "(pushed, no run)",
-                                                 box["last_seen_ago"]))
-    return 0
+        print("%-22s %-14s %-30s seen %s ago  box %s" % ("MAY STILL BE BILLING", box["host"], "(pushed, no run)",
+                                                        box["last_seen_ago"], box_label(box["box"], box["machine_id"])))
+    for line in notes:
+        print(line)
+    return 1 if torn else 0
 
 
 # ---------------------------------------------------------------- billing and budget (scripts/billing.py)

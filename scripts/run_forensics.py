@@ -18,7 +18,9 @@ Usage:
          whose direction the name makes clear (loss, error ... lower; acc, f1, reward ... higher)
   diff   the resolved configs and environments of two runs side by side, only the keys that differ,
          nested keys flattened as a.b.c. Expect exactly the knob you changed; anything else differing
-         (a seed, a package, the commit, a dirty tree) is a second variable
+         (a seed, a package, the commit, a dirty tree) is a second variable. Settings that must differ
+         per run are left out like the run's own id (--all shows them): output/save/log/checkpoint dirs,
+         run and experiment names, and any value that differs only by each run's own id
   curve  findings on one metric's curve, each with its step:
            early_peak  the best came well before the end and the last value fell back from it by at
                        least --decline (default 0.1) of the curve's range
@@ -382,21 +384,34 @@ def read_csv(path):
         return list(csv.DictReader(handle))
 
 
+MAX_CONFIG_BYTES = 8 << 20       # a config file larger than this is not a config
+MAX_CONFIG_VALUES = 200000       # values after YAML aliases are expanded: a 700-byte alias bomb makes 10^7
+
+
 def load_yaml(path):
     try:
         import yaml
     except ImportError:
         raise Missing("%s needs PyYAML to read (pip install pyyaml)" % path)
+    if os.path.getsize(path) > MAX_CONFIG_BYTES:
+        raise ValueError("larger than %s: not read as a config" % core.human_bytes(MAX_CONFIG_BYTES))
     with open(path, encoding="utf-8") as handle:
-        return yaml_plain(yaml.safe_load(handle))
+        return yaml_plain(yaml.safe_load(handle), [MAX_CONFIG_VALUES])
 
 
-def yaml_plain(value):
-    """A YAML document with its dates and times as ISO 8601 strings (as a JSON config would hold them)."""
+def yaml_plain(value, budget=None):
+    """A YAML document with its dates and times as ISO 8601 strings (as a JSON config would hold them).
+    BUDGET ([n]) bounds the values made: aliases are shared in what safe_load returns, but a copy expands
+    every one of them, so a tiny file can stand for billions of values (ValueError past the budget)."""
+    if budget is not None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ValueError("expands to more than %d values (YAML aliases nested in aliases?): not read"
+                             % MAX_CONFIG_VALUES)
     if isinstance(value, dict):
-        return {yaml_plain(k): yaml_plain(v) for k, v in value.items()}
+        return {yaml_plain(k, budget): yaml_plain(v, budget) for k, v in value.items()}
     if isinstance(value, list):
-        return [yaml_plain(v) for v in value]
+        return [yaml_plain(v, budget) for v in value]
     if hasattr(value, "isoformat") and not isinstance(value, str):
         return value.isoformat()
     return value
@@ -960,6 +975,32 @@ def cmd_list(args):
     return 0
 
 
+# Settings that must differ between two runs (where each writes, what it is called), by the last part of
+# their key: `out_dir`, `output_dir`, `save_dir`, `checkpoint_dir`, `logging_dir`, `run_name`, `wandb_run_name`...
+PER_RUN_KEY = re.compile(r"(^|[._])((out|output|save|ckpt|checkpoint|checkpoints|log|logging|logs|result|results|"
+                         r"run|exp|experiment|tensorboard|tb|wandb)_?(dir|path|root|folder|name|id))$", re.I)
+
+
+def run_names(run):
+    """The words that name RUN: its run id (run.json) and its folder's name."""
+    names = {str(run.config.get("run.run_id") or ""), os.path.basename(os.path.normpath(run.path))}
+    return sorted((n for n in names if len(n) >= 2), key=len, reverse=True)
+
+
+def per_run_setting(key, va, vb, a, b):
+    """Whether KEY differs between runs A and B only because each run writes to its own place or has its own
+    name: a per-run key name, or values equal once each run's own id is taken out. Not a changed knob."""
+    if not isinstance(va, str) or not isinstance(vb, str):
+        return False
+    if PER_RUN_KEY.search(key.rsplit(".", 1)[-1]) or PER_RUN_KEY.search(key):
+        return True
+    for name in run_names(a):
+        va = va.replace(name, "<run>")
+    for name in run_names(b):
+        vb = vb.replace(name, "<run>")
+    return va == vb
+
+
 def cmd_diff(args):
     a, b = one_run(args.run_a), one_run(args.run_b)
     if not a.config and not b.config:
@@ -968,10 +1009,11 @@ def cmd_diff(args):
     skipped = 0
     rows = []
     for key in keys:
-        if not args.all and (key in VOLATILE or any(key.startswith(v + ".") for v in VOLATILE)):
+        va, vb = a.config.get(key, "<absent>"), b.config.get(key, "<absent>")
+        if not args.all and (key in VOLATILE or any(key.startswith(v + ".") for v in VOLATILE)
+                             or per_run_setting(key, va, vb, a, b)):
             skipped += 1
             continue
-        va, vb = a.config.get(key, "<absent>"), b.config.get(key, "<absent>")
         if va != vb and not (isinstance(va, float) and isinstance(vb, float) and va != va and vb != vb):
             rows.append({"key": key, "a": va, "b": vb})
     if args.json:

@@ -3,6 +3,8 @@
 
 Local side. Run it after pull_verified.py and BEFORE you terminate, destroy or release anything.
 It passes only when all of these hold:
+  0. no attempt of the run still runs on the node (its run dir, DURABLE/runs/RID beside the --source
+     DURABLE/results/RID, or --run-dir): a resumed attempt that runs on would make the pull stale;
   1. DEST/<run_id>/PULL_VERIFIED.json belongs to the PULL_MANIFEST.json kept beside it;
   2. the node's CURRENT files are exactly the files that were pulled (same paths, sizes, SHA-256).
      The manifest is always recomputed on the node now, never taken from a stored or local copy: our
@@ -61,9 +63,38 @@ def runs_dir_of(source):
     _host, root = pv.parse_source(source)
     parent = os.path.dirname(root.rstrip("/"))
     if os.path.basename(parent) == "results":
-        return shlex.quote(os.path.join(os.path.dirname(parent), "runs"))
+        return pv.remote_quote(os.path.join(os.path.dirname(parent), "runs"))   # a leading ~/ stays expandable
     return "DURABLE_DIR/runs"
 DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
+
+
+def run_dir_of(root):
+    """DURABLE_DIR/runs/RID for a results root DURABLE_DIR/results/RID, else None."""
+    parent, rid = os.path.split(root.rstrip("/"))
+    if os.path.basename(parent) == "results" and rid:
+        return os.path.join(os.path.dirname(parent), "runs", rid)
+    return None
+
+
+def run_activity(host, run_dir: str, rsh) -> dict:
+    """rgt_core.run_activity for RUN_DIR on the node (the core streamed to `python3 -`, nothing written there),
+    or here for a local run dir. Raises pv.FetchError when the node does not answer."""
+    script = os.path.join(HERE, "node", "rgt_core.py")
+    if host is None:
+        argv, payload = [sys.executable, script, "--run-state", os.path.expanduser(run_dir)], None
+    else:
+        argv = pv.rsh_argv(rsh) + [host, "python3 - --run-state " + pv.remote_quote(run_dir)]
+        payload = core.streamed_program(script, modules=())
+    try:
+        done = subprocess.run(argv, input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                              stdin=None if payload is not None else subprocess.DEVNULL)
+        doc = json.loads(done.stdout.decode("utf-8", "replace"))
+        if not isinstance(doc, dict) or "live" not in doc:
+            raise ValueError("no answer")
+        return doc
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise pv.FetchError(f"cannot tell whether run {run_dir} still runs on {host or 'this machine'} "
+                            f"({getattr(exc, 'strerror', None) or exc})")
 
 
 UsageError = core.UsageError
@@ -111,8 +142,10 @@ def meter_lines(name: str, profile: dict) -> list:
     return lines
 
 
-def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) -> bytes:
-    """Recompute the node's manifest now, writing nothing there. Raises pv.FetchError."""
+def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=(),
+                     stall_seconds: float = pv.DEFAULT_STALL_SECONDS) -> bytes:
+    """Recompute the node's manifest now, writing nothing there. Raises pv.FetchError, also when the node
+    says nothing at all (no manifest byte, no progress line) for STALL_SECONDS."""
     script = os.path.join(HERE, "node", "build_pull_manifest.py")
     tail = ["--run-id", run_id, "--out", "-"]
     for pattern in roster:
@@ -133,9 +166,11 @@ def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) 
     except OSError as exc:
         raise pv.FetchError(f"cannot run {argv[0]!r}: {exc.strerror or exc}")
     errors = []
+    guard = pv.StallGuard(proc, stall_seconds)   # the node prints a progress line every 15 s while it hashes
 
     def relay():  # the one reader of stderr: show the node's hashing progress, keep its FAIL lines
         for raw in proc.stderr:
+            guard.moved(len(raw))
             line = raw.decode("utf-8", "replace")
             errors.append(line.strip())
             sys.stderr.write("node: " + line)
@@ -152,9 +187,20 @@ def rebuild_manifest(host, root: str, rsh, roster, run_id: str, allow_empty=()) 
                 proc.stdin.close()
             except OSError:
                 pass
-    out = proc.stdout.read()
+    chunks = []
+    while True:
+        chunk = proc.stdout.read1(1 << 16)
+        if not chunk:
+            break
+        guard.moved(len(chunk))
+        chunks.append(chunk)
+    out = b"".join(chunks)
     proc.wait()
-    reader.join()            # stderr hits EOF once every holder of it has exited
+    guard.stop()
+    reader.join(10)          # stderr hits EOF once every holder of it has exited
+    if guard.fired:
+        raise pv.FetchError(f"the node stopped answering: no output for {stall_seconds:.0f} s while re-hashing "
+                            f"{root} (a stalled link, node or disk there); nothing was decided, run the gate again")
     if proc.returncode != 0:
         fails = [e for e in errors if e.startswith("FAIL")] or errors[-2:] or [f"exit {proc.returncode}"]
         where = f"on {host}" if host else "locally"
@@ -245,6 +291,12 @@ def parse_args(argv):
                              "*.safetensors at any depth)")
     parser.add_argument("--load-timeout", type=float, default=900.0, help="seconds per load-check (default 900)")
     parser.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), help="parallel re-hash workers")
+    parser.add_argument("--stall-seconds", type=core.arg_number(float, 0.0, 1e6, low_open=True),
+                        default=pv.DEFAULT_STALL_SECONDS,
+                        help="refuse when the node says nothing for this long while re-hashing (default %d)"
+                             % pv.DEFAULT_STALL_SECONDS)
+    parser.add_argument("--run-dir", help="the run's run dir on the same host, checked for a live attempt "
+                                          "(default: DURABLE/runs/RID for a --source DURABLE/results/RID)")
     parser.add_argument("--json", action="store_true", help="print a JSON verdict on stdout")
     return parser.parse_args(argv)
 
@@ -298,13 +350,26 @@ def main(argv=None) -> int:
                                                         f"unreadable: {getattr(exc, 'strerror', None) or exc}); "
                                                         "run pull_verified.py first"))
 
+    run_dir = args.run_dir or run_dir_of(root)
+    verdict["run_dir"] = run_dir
+    if run_dir:   # a resumed attempt still running: the pull holds an earlier attempt's results, not the last
+        try:
+            activity = run_activity(host, run_dir, args.rsh)
+            verdict["run_state"] = activity
+            if activity["live"]:
+                reasons.append(pv.problem("running", run_dir, "%s: the run is not over, so its results are not "
+                                                              "final; wait for it to end (rgt.py status), pull "
+                                                              "again, then gate" % activity["why"]))
+        except pv.FetchError as exc:
+            reasons.append(pv.problem("node", run_dir, str(exc)))
     if pulled_manifest is not None:
         verdict.update({"run_id": pulled_manifest["run_id"], "file_count": pulled_manifest["file_count"],
                         "total_bytes": pulled_manifest["total_bytes"]})
         mode = "re-hashed on the node now"
         try:
             current_raw = rebuild_manifest(host, root, args.rsh, pulled_manifest["roster"],
-                                           pulled_manifest["run_id"], pulled_manifest.get("allow_empty", []))
+                                           pulled_manifest["run_id"], pulled_manifest.get("allow_empty", []),
+                                           args.stall_seconds)
         except pv.FetchError as exc:
             reasons.append(pv.problem("node", args.source, str(exc)))
             current_raw = None

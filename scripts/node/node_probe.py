@@ -22,9 +22,13 @@ Options:
   --durable-dir DIR       durable directory (default $DURABLE_DIR, else the profile's)
   --path DIR              an extra path to measure (repeatable)
   --torch                 import torch in a subprocess to read its CUDA view
+  --python PATH           the job's interpreter (a venv's bin/python): torch is looked up and imported
+                          there, not in the python running this probe
   --torch-timeout S       hard limit for that subprocess (default 60)
   --gpu-timeout S         hard limit for each nvidia-smi call (default 8)
-  --network               check reachability of the default targets
+  --network               check reachability (a TCP connect to port 443, nothing sent) of the default
+                          targets: huggingface.co, hf-mirror.com, pypi.org, pypi.tuna.tsinghua.edu.cn,
+                          github.com
   --network-target HOST[:PORT]   a target to check instead of the defaults (repeatable; implies --network)
   --network-timeout S     per-target timeout (default 4)
   --min-free-gb N         gate: GiB free required on the data and durable dirs
@@ -196,28 +200,79 @@ def probe_gpus(timeout):
     return sec
 
 
-def probe_torch(run_import, timeout):
-    sec = section(("installed", "version", "cuda_available", "cuda_version", "device_count", "devices"))
+FIND_TORCH_SNIPPET = (
+    "import importlib.util, json\n"
+    "found = importlib.util.find_spec('torch') is not None\n"
+    "version = None\n"
+    "try:\n"
+    "    from importlib import metadata\n"
+    "    version = metadata.version('torch') if found else None\n"
+    "except Exception:\n"
+    "    pass\n"
+    "print(json.dumps({'installed': found, 'version': version}))\n"
+)
+
+
+def find_torch(python, timeout):
+    """(installed, version or None) of torch for PYTHON, without importing it; None, reason when PYTHON fails."""
+    if python == sys.executable:
+        try:
+            import importlib.util
+            spec = importlib.util.find_spec("torch")
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            return (False, None), None
+        try:
+            from importlib import metadata as md  # Python 3.8+
+            return (True, md.version("torch")), None
+        except Exception:  # noqa: BLE001 - metadata may be absent for source installs
+            return (True, None), None
+    rc, out = run_cmd([python, "-c", FIND_TORCH_SNIPPET], timeout)
     try:
-        import importlib.util
-        spec = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        spec = None
-    sec["installed"] = spec is not None
-    if spec is None:
-        missing(sec, "torch is not importable by %s" % sys.executable,
+        doc = json.loads(out.strip().splitlines()[-1]) if rc == 0 else None
+    except (ValueError, IndexError):
+        doc = None
+    if not isinstance(doc, dict):
+        return None, "%s could not be asked about torch (exit %s)" % (python, rc)
+    return (bool(doc.get("installed")), doc.get("version")), None
+
+
+def job_python(text):
+    """--python as a runnable path (a name is looked up on PATH); UsageError when there is none."""
+    if text is None:
+        return None
+    import shutil
+    found = text if os.sep in text else shutil.which(text)
+    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise UsageError("--python %s is not an executable file (give the job's interpreter, e.g. "
+                         "~/venv/bin/python)" % text)
+    return found
+
+
+def probe_torch(run_import, timeout, python=None):
+    python = python or sys.executable
+    sec = section(("installed", "version", "cuda_available", "cuda_version", "device_count", "devices"))
+    sec["python"] = python
+    found, why = find_torch(python, timeout)
+    if found is None:
+        sec["installed"] = None
+        missing(sec, why, "installed", "version", "cuda_available", "cuda_version", "device_count", "devices")
+        return sec
+    sec["installed"], version = found
+    if not sec["installed"]:
+        missing(sec, "torch is not importable by %s" % python,
                 "version", "cuda_available", "cuda_version", "device_count", "devices")
         return sec
-    try:
-        from importlib import metadata as md  # Python 3.8+
-        sec["version"] = md.version("torch")
-    except Exception:  # noqa: BLE001 - metadata may be absent for source installs
+    if version:
+        sec["version"] = version
+    else:
         missing(sec, "no package metadata for torch", "version")
     fields = ("cuda_available", "cuda_version", "device_count", "devices")
     if not run_import:
         missing(sec, "not checked: pass --torch to import torch in a subprocess (takes seconds)", *fields)
         return sec
-    rc, out = run_cmd([sys.executable, "-c", TORCH_SNIPPET], timeout)
+    rc, out = run_cmd([python, "-c", TORCH_SNIPPET], timeout)
     if rc is None:
         missing(sec, "importing torch took longer than %gs" % timeout, *fields)
         return sec
@@ -667,9 +722,10 @@ def summary_lines(report):
     if torch["installed"]:
         extra = "cuda_available=%s" % torch["cuda_available"] if torch["cuda_available"] is not None \
             else "CUDA not checked (--torch)"
-        lines.append(("OK", "torch %s, %s" % (torch["version"] or "?", extra)))
+        lines.append(("OK", "torch %s, %s (%s)" % (torch["version"] or "?", extra, torch.get("python"))))
     else:
-        lines.append(("WARN", "torch: not importable by this python"))
+        lines.append(("WARN", "torch: %s" % (torch["unavailable"].get("installed") or
+                                             "not importable by %s" % torch.get("python"))))
     for mount in report["disks"]:
         roles = ",".join("%s=%s" % (p["role"], p["path"]) for p in mount["paths"])
         word = "OK"
@@ -735,11 +791,14 @@ def build_parser():
     p.add_argument("--durable-dir", metavar="DIR", help="durable directory (default $DURABLE_DIR or profile)")
     p.add_argument("--path", action="append", default=[], metavar="DIR", help="extra path to measure (repeatable)")
     p.add_argument("--torch", action="store_true", help="import torch in a subprocess to read its CUDA view")
+    p.add_argument("--python", metavar="PATH", help="the job's python (a venv's bin/python): torch is checked "
+                                                   "there, not in the probe's own python")
     p.add_argument("--torch-timeout", type=non_negative(float, 1e9), default=60.0, metavar="S",
                    help="timeout for the torch subprocess (default 60)")
     p.add_argument("--gpu-timeout", type=non_negative(float, 1e9), default=8.0, metavar="S",
                    help="timeout for each nvidia-smi call (default 8)")
-    p.add_argument("--network", action="store_true", help="check reachability of the default targets")
+    p.add_argument("--network", action="store_true", help="TCP connect (port 443, nothing sent) to the default "
+                                                         "targets: %s" % ", ".join(DEFAULT_TARGETS))
     p.add_argument("--network-target", action="append", default=[], metavar="HOST[:PORT]",
                    help="target to check instead of the defaults (repeatable; implies --network)")
     p.add_argument("--network-timeout", type=non_negative(float, 1e9), default=4.0, metavar="S",
@@ -825,7 +884,7 @@ def run(args):
         "profile_defaults": {k: defaults.get(k) for k in ("DATA_DIR", "DURABLE_DIR", "HF_HOME", "DISK_FLOOR_GB")}
         if args.profile else None,
         "gpus": probe_gpus(args.gpu_timeout),
-        "torch": probe_torch(args.torch, args.torch_timeout),
+        "torch": probe_torch(args.torch, args.torch_timeout, job_python(args.python)),
         "disks": mounts,
         "disk_paths": per_role,
         "memory": memory,

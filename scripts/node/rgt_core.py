@@ -32,6 +32,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -800,6 +801,53 @@ def is_stalled(age_seconds, stall_minutes):
     return bool(stall_minutes) and age_seconds is not None and age_seconds > float(stall_minutes) * 60.0
 
 
+# ---------------------------------------------------------------- secrets in URLs
+# A presigned data URL or an https://user:token@ remote in a job's argv, an error text or a git remote: every
+# record the toolkit writes (env.json, run.json, job.log's notes, repro.sh) passes through these first.
+
+URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
+
+
+def clean_url(url):
+    """A URL with no credential left in it -> str (None for an empty one).
+
+    With a scheme (https://, ssh://, git+https:// ...): everything up to the LAST '@' after the scheme goes
+    (user, password or token; a password may hold an unencoded '@'), then any ?query and #fragment (a
+    `?private_token=`, a signed-URL signature). Without one (scp form `user@host:path`): a `user:secret@`
+    part goes, a plain ssh login name stays."""
+    url = (url or "").strip()
+    if not url:
+        return None
+    scheme = re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url)
+    if scheme:
+        rest = url[scheme.end():]
+        rest = rest[rest.rfind("@") + 1:]
+        return scheme.group(0) + re.split(r"[?#]", rest, 1)[0]
+    head, at, tail = url.rpartition("@")
+    return tail if at and ":" in head else url
+
+
+def scrub_urls(text):
+    """TEXT (an error message, a command word, a log line) with every URL in it passed through clean_url."""
+    return URL_IN_TEXT.sub(lambda m: clean_url(m.group(0)), text) if isinstance(text, str) else text
+
+
+def scrub_record(obj):
+    """Every string of a record (keys too) through scrub_urls: a command, error texts and a git remote may
+    all quote a URL, and the records travel (durable storage, the laptop, reviewers)."""
+    if isinstance(obj, dict):
+        return {scrub_urls(k): scrub_record(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [scrub_record(v) for v in obj]
+    return scrub_urls(obj)
+
+
+def url_secrets(words):
+    """The words of an argv that carry a URL credential (user:pw@, a query or fragment): what scrub_urls
+    would change. Empty when the argv is safe to record as it is."""
+    return [w for w in words if isinstance(w, str) and scrub_urls(w) != w]
+
+
 # ---------------------------------------------------------------- the dead-man's record
 
 DEADMAN_FILE = "deadman.json"
@@ -807,6 +855,46 @@ DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
 ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")  # == runrec.ACTIVE (a test holds them equal)
+
+
+def attempt_alive(status):
+    """Whether the supervisor or the job a status.json records is still that same process."""
+    return bool(record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
+                or record_alive(status.get("job_identity"), status.get("job_pid")))
+
+
+def resume_in_progress(run_dir):
+    """Whether a resume holds RUN_DIR/resume.lock now (boot_resume.py is starting the next attempt)."""
+    try:
+        import fcntl
+        fd = os.open(os.path.join(run_dir, "resume.lock"), os.O_RDONLY)
+    except (ImportError, OSError):
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def run_activity(run_dir):
+    """Whether any attempt of the run in RUN_DIR may still run -> {"live", "state", "attempt", "why"}. Live: the
+    recorded supervisor or job is alive, a resume is starting the next attempt, or the run says it is starting
+    and has no process recorded yet. The teardown gate refuses while this says live."""
+    if not os.path.isdir(run_dir):
+        return {"live": False, "state": None, "attempt": None, "why": "no run dir at %s" % run_dir}
+    status = read_json(os.path.join(run_dir, "status.json"))
+    state, attempt = status.get("state"), status.get("attempt")
+    out = {"live": False, "state": state, "attempt": attempt, "why": None}
+    if resume_in_progress(run_dir):
+        out.update(live=True, why="a resume is starting the next attempt")
+    elif attempt_alive(status):
+        out.update(live=True, why="attempt %s is %s (its process is alive)" % (attempt, state))
+    elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
+        out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
+    return out
 
 
 def active_runs(runs_dirs, exclude=()):
@@ -966,7 +1054,12 @@ def _main(argv=None):
     else the mismatches (exit 3). What the laptop's push runs on the node to prove the copy."""
     parser = Parser(prog="rgt_core.py", description="The node toolkit's shared core.")
     parser.add_argument("--version", action="store_true", help="print the toolkit version after checking it")
+    parser.add_argument("--run-state", metavar="RUN_DIR",
+                        help="print whether any attempt of the run in RUN_DIR may still run (JSON; the gate asks)")
     args = parser.parse_args(argv)
+    if args.run_state:
+        emit_json(run_activity(args.run_state))
+        return EXIT_OK
     if not args.version:
         raise UsageError("nothing to do: rgt_core.py is imported by the tools; try --version")
     problems = toolkit_problems()

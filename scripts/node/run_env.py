@@ -174,41 +174,8 @@ def pip_packages(python, timeout):
     return out, None
 
 
-URL_IN_TEXT = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
-
-
-def clean_url(url):
-    """A URL with no credential left in it -> str (None for an empty one).
-
-    With a scheme (https://, ssh://, git+https:// ...): everything up to the LAST '@' after the scheme goes
-    (user, password or token; a password may hold an unencoded '@'), then any ?query and #fragment (a
-    `?private_token=`, a signed-URL signature). Without one (scp form `user@host:path`): a `user:secret@`
-    part goes, a plain ssh login name stays."""
-    url = (url or "").strip()
-    if not url:
-        return None
-    scheme = re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url)
-    if scheme:
-        rest = url[scheme.end():]
-        rest = rest[rest.rfind("@") + 1:]
-        return scheme.group(0) + re.split(r"[?#]", rest, 1)[0]
-    head, at, tail = url.rpartition("@")
-    return tail if at and ":" in head else url
-
-
-def scrub_urls(text):
-    """TEXT (an error message, a command word) with every URL in it passed through clean_url."""
-    return URL_IN_TEXT.sub(lambda m: clean_url(m.group(0)), text) if isinstance(text, str) else text
-
-
-def scrub_record(obj):
-    """Every string of a record (keys too) through scrub_urls: the command, error texts and the remote may
-    all quote a URL, and env.json is shared with reviewers."""
-    if isinstance(obj, dict):
-        return {scrub_urls(k): scrub_record(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [scrub_record(v) for v in obj]
-    return scrub_urls(obj)
+# One redaction rule for every record the toolkit writes: it lives in the core (rgt_core.clean_url).
+URL_IN_TEXT, clean_url, scrub_urls, scrub_record = core.URL_IN_TEXT, core.clean_url, core.scrub_urls, core.scrub_record
 
 
 def git(cwd, args, timeout, max_output=1 << 20):
@@ -272,9 +239,15 @@ def gpu_names(timeout):
     return {"names": names, "driver": driver}
 
 
+def is_seed_name(name):
+    """The variables recorded as seeds (and the only ones repro.sh exports): PYTHONHASHSEED, SEED, *_SEED."""
+    return isinstance(name, str) and bool(re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name)) and (
+        name in SEED_NAMES or name.endswith("_SEED"))
+
+
 def seed_vars(environ=None):
     environ = os.environ if environ is None else environ
-    return {k: environ[k] for k in sorted(environ) if k in SEED_NAMES or k.endswith("_SEED")}
+    return {k: environ[k] for k in sorted(environ) if is_seed_name(k)}
 
 
 def fingerprint(path, progress=True):

@@ -99,10 +99,7 @@ def liveness(doc, fallback_pid=None, fallback_identity=None):
 
 def is_active(doc):
     """Active state and its supervisor or job still that same process."""
-    if doc.get("state") not in ACTIVE:
-        return False
-    return bool(core.record_alive(doc.get("supervisor_identity"), doc.get("supervisor_pid"))
-                or core.record_alive(doc.get("job_identity"), doc.get("job_pid")))
+    return doc.get("state") in ACTIVE and core.attempt_alive(doc)
 
 
 def attempt_number(run_dir):
