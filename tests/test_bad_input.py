@@ -387,7 +387,7 @@ CASES = [
     ("scripts/run_forensics.py", ["diff", "{file}", "{tmp}"], nothing, 2, "is not a directory"),
     ("scripts/run_forensics.py", ["curve", "{rd}", "--metric", "loss"], run_dir_with(run__json=b"\xff{"), 3,
      "no source logs"),
-    ("scripts/run_forensics.py", ["steps"], nothing, 2, "required: file"),
+    ("scripts/run_forensics.py", ["steps"], nothing, 2, "required: FILE"),
     ("scripts/run_forensics.py", ["steps", "{missing}"], nothing, 2, "is not a file"),
     ("scripts/run_forensics.py", ["steps", "{file}"], nothing, 2, "is not a *.jsonl or *.csv"),
     ("scripts/run_forensics.py", ["curve", "{tmp}", "--metric", "loss", "--log-regex", r"iter (\d+): (?P<loss>\S+)"],
@@ -401,7 +401,7 @@ CASES = [
     ("scripts/run_forensics.py", ["list", "{rd}"], run_dir_with(job__log="iter 1: loss 2.5\n"), 3,
      "--log-regex"),
     # repro.py
-    ("scripts/repro.py", [], nothing, 2, "required: run_dir"),
+    ("scripts/repro.py", [], nothing, 2, "required: RUN_DIR"),
     ("scripts/repro.py", ["{missing}"], nothing, 2, "is not a directory"),
     ("scripts/repro.py", ["{tmp}", "--rtol", "nan"], nothing, 2, "--rtol"),
     ("scripts/repro.py", ["{tmp}", "--map", "relative=x"], nothing, 2, "absolute OLD"),
@@ -412,7 +412,7 @@ CASES = [
     ("scripts/repro.py", ["{dir}", "-o", "{file}"], nothing, 2, "already exists"),
     ("scripts/repro.py", ["{tmp}", "-o", "{missing}/repro.sh"], nothing, 2, "does not exist"),
     # run_env.py
-    ("scripts/node/run_env.py", [], nothing, 2, "required: run_dir"),
+    ("scripts/node/run_env.py", [], nothing, 2, "required: RUN_DIR"),
     ("scripts/node/run_env.py", ["{file}"], nothing, 2, "is not a directory"),
     ("scripts/node/run_env.py", ["{tmp}", "--timeout", "inf"], nothing, 2, "--timeout"),
     ("scripts/node/run_env.py", ["{tmp}", "--cwd", "{missing}"], nothing, 2, "is not a directory"),
