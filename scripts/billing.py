@@ -253,8 +253,12 @@ def cost_so_far(events, host, rid, rate=None, now=None):
 
 # ---------------------------------------------------------------- command line
 
+EXIT_EPILOG = core.exit_codes_epilog(__doc__)  # rgt.py billing shows it too
+
+
 def build_parser():
-    parser = core.Parser(prog="billing.py", description="What is still billing you (read-only; see the docstring).")
+    parser = core.Parser(prog="billing.py", description="What is still billing you (read-only; see the docstring).",
+                         formatter_class=core.RawHelp, epilog=EXIT_EPILOG)
     parser.add_argument("--ledger", help="the run ledger (default: rgt.py's)")
     parser.add_argument("--timeout", type=core.arg_number(float, 0.0, 600, low_open=True), default=30.0,
                         help="seconds one provider request may take (default 30)")

@@ -18,7 +18,6 @@ global options (--json, -p/--port, -i/--identity, --ssh-config, --node-dir, --le
 Exit codes: 0 OK; 1 a target failed (test) or the node could not write the config; 2 usage or a bad
 config file; 3 the node refused the config (readable by others); 255 ssh could not reach HOST.
 """
-import argparse
 import json
 import os
 import sys
@@ -34,15 +33,19 @@ HELP = "notifications from the node: setup HOST --from FILE, test HOST"
 
 def add_parser(sub, shared):
     """Register `notify setup` and `notify test` under rgt.py's subcommands."""
+    exit_codes = core.exit_codes_epilog(__doc__)
     p = sub.add_parser("notify", help=HELP, parents=[shared], description=__doc__.split("\n\n", 1)[1].split(
-        "\n\nrgt.py calls", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    actions = p.add_subparsers(dest="notify_action", metavar="ACTION", parser_class=core.Parser)
+        "\n\nrgt.py calls", 1)[0], formatter_class=core.RawHelp, epilog=exit_codes)
+    actions = p.add_subparsers(dest="notify_action", metavar="ACTION", parser_class=core.Parser,
+                               help="setup or test; notify ACTION --help for its options")
     actions.required = True
-    s = actions.add_parser("setup", parents=[shared], help="copy a notify config to the node (0600, via stdin)")
+    s = actions.add_parser("setup", parents=[shared], help="copy a notify config to the node (0600, via stdin)",
+                           formatter_class=core.RawHelp, epilog=exit_codes)
     s.add_argument("host", help="ssh alias or user@host")
     s.add_argument("--from", dest="from_file", required=True, metavar="FILE", help="the notify config (JSON)")
     s.add_argument("--config-path", help="where on the node (default ~/.config/rgt/notify.json)")
-    t = actions.add_parser("test", parents=[shared], help="send a test message to every target; OK/FAIL each")
+    t = actions.add_parser("test", parents=[shared], help="send a test message to every target; OK/FAIL each",
+                           formatter_class=core.RawHelp, epilog=exit_codes)
     t.add_argument("host", help="ssh alias or user@host")
     t.add_argument("--config-path", help="the config on the node (default ~/.config/rgt/notify.json)")
     return p

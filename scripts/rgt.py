@@ -1009,7 +1009,9 @@ def build_parser():
     p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared],
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
     p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
-    p = sub.add_parser("billing", help="what is still billing you, joined with the ledger (read-only)", parents=[shared])
+    import billing  # `rgt.py billing` runs billing.run(), so its exit codes are billing.py's
+    p = sub.add_parser("billing", help="what is still billing you, joined with the ledger (read-only)", parents=[shared],
+                       formatter_class=core.RawHelp, epilog=billing.EXIT_EPILOG)
     p.add_argument("--timeout", type=core.arg_number(float, 0.0, 600, low_open=True), default=30.0,
                    help="seconds one provider request may take")
     return parser

@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS
+from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOLS
 
 sys.path.insert(0, str(NODE))
 import rgt_core as core  # noqa: E402
 
-LIBRARIES = {"rgt_core.py", "evidence.py"}  # imported, never run: no --help
+LIBRARIES = set(LIBRARY_MODULES)  # imported, never run: no --help (test_a_library_module_has_no_command_line)
 PYTHON = sorted([p for p in SCRIPTS.glob("*.py")] + [p for p in NODE.glob("*.py") if p.name not in LIBRARIES]
                 + sorted(TOOLS.glob("*.py")) + sorted((REPO / "evals").glob("*.py")))
 SHELL = sorted(NODE.glob("*.sh"))
@@ -141,6 +141,23 @@ def test_docstring_opens_with_one_line(path):
     assert docstring_problems(path) == []
 
 
+def has_main_block(path):
+    """True when the module runs something as a script (a top-level `if __name__ == "__main__":`)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__":
+            return True
+    return False
+
+
+# The core answers `--version` (rgt.py push) and `--run-state` (teardown_gate.py): not a tool a person calls.
+@pytest.mark.parametrize("name", sorted(LIBRARIES - {"rgt_core.py"}))
+def test_a_library_module_has_no_command_line(name):
+    """The help checks skip LIBRARY_MODULES; that is only right while they cannot be run."""
+    assert not has_main_block(NODE / name), \
+        "%s runs as a script: take it off LIBRARY_MODULES (tests/conftest.py) and give it help text" % name
+
+
 def test_epilog_helper_names_every_code():
     text = core.exit_codes_epilog()
     assert text.startswith("Exit codes:")
@@ -177,6 +194,14 @@ def test_parser_finds_bare_options_and_a_missing_epilog():
     assert subcommands(BARE) == ["a", "b"]
     assert subcommands("usage: r [-h] COMMAND\n\npositional arguments:\n  COMMAND\n    push   p\n    gate\n") \
         == ["push", "gate"]
+
+
+def test_a_runnable_library_is_noticed(tmp_path):
+    tool = tmp_path / "lib.py"
+    tool.write_text('"""A library."""\n\n\ndef f():\n    return 1\n')
+    assert not has_main_block(tool)
+    tool.write_text('"""A library."""\nimport sys\n\nif __name__ == "__main__":\n    sys.exit(0)\n')
+    assert has_main_block(tool)
 
 
 def test_a_docstring_that_runs_on_fails(tmp_path):

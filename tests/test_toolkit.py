@@ -8,10 +8,9 @@ import sys
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS
+from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOLS
 
-CORE_FILES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", "destructive.py", "sessions.py")
-NODE_PY = sorted(p for p in NODE.glob("*.py") if p.name not in CORE_FILES)
+NODE_PY = sorted(p for p in NODE.glob("*.py") if p.name not in LIBRARY_MODULES)  # the node's runnable tools
 LAPTOP_PY = sorted(SCRIPTS.glob("*.py"))
 MAINTAINER_PY = sorted(TOOLS.glob("*.py"))
 SHELL = sorted(NODE.glob("*.sh"))

@@ -50,7 +50,6 @@ Exit codes: 0 OK (emit: sent or spooled; status: nothing unsent); 1 a target fai
 was dropped (emit), something is unsent (status); 2 usage or bad config; 3 the config refused
 (group/world-readable, not ours, not a regular file).
 """
-import argparse
 import base64
 import errno
 import hashlib
@@ -1100,29 +1099,37 @@ def _out(args, obj, human):
 
 
 def build_parser():
+    usage = next(para for para in __doc__.split("\n\n") if para.startswith("Usage"))
+    exit_codes = core.exit_codes_epilog(__doc__)
     parser = core.Parser(prog="notify.py", description="Send run events from the node (see the docstring).",
-                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("Usage", 1)[1]
-                         if "Usage" in __doc__ else None)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser)
+                         formatter_class=core.RawHelp, epilog=usage + "\n\n" + exit_codes)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser,
+                                help="what to do; notify.py COMMAND --help for its options")
     common = core.Parser(add_help=False)
     common.add_argument("--config", help="the notify config (default ~/.config/rgt/notify.json)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    p = sub.add_parser("install", parents=[common], help="write the config read from stdin (0600, atomic)")
+
+    def command(name, help_text):
+        return sub.add_parser(name, parents=[common], help=help_text, formatter_class=core.RawHelp,
+                              epilog=exit_codes)
+
+    p = command("install", "write the config read from stdin (0600, atomic)")
     p.add_argument("--stdin", action="store_true", help="read the config from stdin (the only way)")
-    sub.add_parser("check", parents=[common], help="validate the config and its permissions; send nothing")
-    p = sub.add_parser("test", parents=[common], help="send a test message to every target")
+    command("check", "validate the config and its permissions; send nothing")
+    p = command("test", "send a test message to every target")
     p.add_argument("--timeout", type=core.arg_number(float, 0.1, 600), help="seconds for all targets together")
-    p = sub.add_parser("emit", parents=[common], help="send one event")
+    p = command("emit", "send one event")
     p.add_argument("event", help="one of: " + ", ".join(EVENTS + (TEST,)))
     p.add_argument("--field", action="append", metavar="KEY=VALUE", help="a field of the message (repeatable)")
     p.add_argument("--events", help="this run's own event list (comma-separated): narrows each target's list")
     p.add_argument("--spool-dir", help="the spool (default ~/.cache/rgt/notify-spool)")
     p.add_argument("--timeout", type=core.arg_number(float, 0.1, 600), help="seconds for all targets together")
-    p = sub.add_parser("flush", parents=[common], help="retry spooled messages that are due")
-    p.add_argument("--spool-dir")
-    p.add_argument("--budget-s", type=core.arg_number(float, 0.1, 3600), default=10.0)
-    p = sub.add_parser("status", parents=[common], help="one line: what is unsent or was dropped")
-    p.add_argument("--spool-dir")
+    p = command("flush", "retry spooled messages that are due")
+    p.add_argument("--spool-dir", help="the spool (default ~/.cache/rgt/notify-spool)")
+    p.add_argument("--budget-s", type=core.arg_number(float, 0.1, 3600), default=10.0,
+                   help="seconds the whole flush may take (default 10)")
+    p = command("status", "one line: what is unsent or was dropped")
+    p.add_argument("--spool-dir", help="the spool (default ~/.cache/rgt/notify-spool)")
     return parser
 
 

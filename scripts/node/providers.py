@@ -394,14 +394,15 @@ def stop_and_confirm(adapter, action, poll_s=DEFAULT_POLL_S, cap_s=DEFAULT_CAP_S
 
 def build_parser(fixed_profile=None):
     prog = "%s" % ("provider_%s.py" % fixed_profile if fixed_profile else "providers.py")
+    epilog = core.exit_codes_epilog(__doc__)  # provider_*.py run this parser too: their codes are these
     parser = core.Parser(prog=prog, description="Read, stop or terminate this box through its provider's API "
-                         "(see the docstring).")
+                         "(see the docstring).", formatter_class=core.RawHelp, epilog=epilog)
     sub = parser.add_subparsers(dest="command", metavar="{state,stop,terminate}", parser_class=core.Parser)
     for name in ("state", "stop", "terminate"):
         p = sub.add_parser(name, help={"state": "read this instance's state",
                                        "stop": "stop, then poll the state until stopped (or the cap)",
                                        "terminate": "terminate (destroys the box's disk), then poll until gone"
-                                       }[name])
+                                       }[name], formatter_class=core.RawHelp, epilog=epilog)
         if not fixed_profile:
             p.add_argument("--profile", required=True, help="the platform profile id")
         p.add_argument("--timeout", type=core.arg_number(float, 0.0, 3600, low_open=True), default=DEFAULT_TIMEOUT_S,
