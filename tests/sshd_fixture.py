@@ -1,15 +1,13 @@
 """A real OpenSSH server on 127.0.0.1 for tests of the remote flows.
 
-`sshd_server` (session scope) generates throwaway host and client keys in a temporary directory,
+`sshd_server` (conftest.py; one server per test process) generates throwaway host and client keys in a temporary directory,
 starts `/usr/sbin/sshd -D -e -f <cfg>` as the current user on a free port, and writes an ssh client
 config in which the alias `gpu-box` reaches it non-interactively. Tests then run our scripts with
 `--rsh "ssh -F <cfg>"` and `--source gpu-box:<path>` exactly as a user would against a rented node.
 Nothing in ~/.ssh is read or written. The client config multiplexes (ControlMaster) so each command
 does not pay a fresh handshake; the master is opened by the readiness probe and closed on teardown.
 
-    from sshd_fixture import sshd_server  # noqa: F401  (makes the fixture visible to the module)
-
-    def test_x(sshd_server):
+    def test_x(sshd_server):          # the fixture is in conftest.py
         sshd_server.rsh        # 'ssh -F /tmp/.../ssh_config'
         sshd_server.run("ls /")  # CompletedProcess of a command on the "node"
 """
@@ -17,12 +15,13 @@ import os
 import shlex
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import need
+from conftest import need, path_without
 
 
 class SshdServer:
@@ -34,6 +33,9 @@ class SshdServer:
         self.proc = None
         self.port = None
         self.config = base / "ssh_config"
+        # A socket path has at most 108 bytes and ssh binds the master at PATH.<16 random chars> first, so the
+        # control socket lives in the short per-process dir conftest.py makes, not in the (long) basetemp.
+        self.control_dir = tempfile.mkdtemp(prefix="ssh-", dir=os.environ.get("RGT_TEST_SOCKETS") or None)
         self.log = base / "sshd.log"
 
     @property
@@ -44,6 +46,13 @@ class SshdServer:
         """Run a shell command on the 'node' through the real sshd."""
         return subprocess.run([self.ssh, "-F", str(self.config), self.alias, command],
                               capture_output=True, text=True, timeout=60, **kwargs)
+
+    def _set_env(self):
+        """Variables every session on the 'node' gets: the bare node's PATH, and this test process's
+        tmux socket dir (conftest.py), so runs launched over SSH by two xdist workers never share a socket."""
+        pairs = ([f"PATH={self.node_path}"] if self.node_path else []) + \
+            ([f"TMUX_TMPDIR={os.environ['TMUX_TMPDIR']}"] if os.environ.get("TMUX_TMPDIR") else [])
+        return ["SetEnv " + " ".join(pairs)] if pairs else []
 
     def _keys(self):
         for name in ("host_ed25519", "client_ed25519"):
@@ -56,7 +65,7 @@ class SshdServer:
         host_pub = (self.base / "host_ed25519.pub").read_text().split()
         return host_pub[0], host_pub[1]
 
-    def start(self, attempts: int = 5):
+    def start(self, attempts: int = 3):
         key_type, key_blob = self._keys()
         for _ in range(attempts):
             with socket.socket() as probe:
@@ -78,7 +87,7 @@ class SshdServer:
                 "MaxStartups 50:30:100",
                 "LogLevel ERROR",
                 "Subsystem sftp internal-sftp",
-            ] + ([f"SetEnv PATH={self.node_path}"] if self.node_path else []) + [""]))
+            ] + self._set_env() + [""]))
             # Pin the throwaway host key: no trust-on-first-use, nothing in ~/.ssh/known_hosts.
             known = self.base / "known_hosts"
             known.write_text(f"[127.0.0.1]:{self.port} {key_type} {key_blob}\n")
@@ -92,12 +101,12 @@ class SshdServer:
                 "  GlobalKnownHostsFile /dev/null",
                 "  StrictHostKeyChecking yes",
                 "  BatchMode yes",
-                "  ConnectTimeout 10",
+                "  ConnectTimeout 30",                # a loaded CI box can be slow to answer
                 "  LogLevel ERROR",
                 # One multiplexed connection, as many users configure for a rented node: every
                 # transfer still goes through this sshd, minus ~0.4 s of handshake per command.
                 "  ControlMaster auto",
-                f"  ControlPath {self.base / 'cm-%C'}",
+                f"  ControlPath {self.control_dir}/cm-%C",
                 "  ControlPersist 300",
                 "",
             ]))
@@ -109,7 +118,7 @@ class SshdServer:
             self.stop()
         raise RuntimeError(f"sshd did not come up; log:\n{self.log.read_text()[-2000:]}")
 
-    def _wait_ready(self, timeout: float = 15.0) -> bool:
+    def _wait_ready(self, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -135,30 +144,21 @@ class SshdServer:
         self.proc = None
 
 
-@pytest.fixture(scope="session")
-def sshd_server(tmp_path_factory):
-    sshd = need("sshd")
-    ssh = need("ssh")
-    keygen = need("ssh-keygen")
+def start_sshd(base: Path) -> SshdServer:
+    """A started sshd in BASE (keys, configs, logs), or a failure/skip naming what is missing."""
+    sshd, ssh, keygen = need("sshd"), need("ssh"), need("ssh-keygen")
     need("rsync")
-    if not os.path.isabs(sshd):
-        sshd = os.path.abspath(sshd)
-    server = SshdServer(tmp_path_factory.mktemp("sshd"), sshd, ssh, keygen)
+    server = SshdServer(base, os.path.abspath(sshd), ssh, keygen)
     try:
-        server.start()
+        return server.start()
     except RuntimeError as exc:
         pytest.fail(str(exc))
-    yield server
-    server.stop()
 
 
-@pytest.fixture(scope="session")
-def bare_node_sshd(tmp_path_factory):
-    """A second sshd whose sessions see a PATH without rsync, tar and tmux: a minimal rented container
+def start_bare_sshd(base: Path) -> SshdServer:
+    """An sshd whose sessions see a PATH without rsync, tar and tmux: a minimal rented container
     (python3, coreutils and a shell only). The laptop side keeps its own PATH."""
     sshd, ssh, keygen = need("sshd"), need("ssh"), need("ssh-keygen")
-    from conftest import path_without
-    base = tmp_path_factory.mktemp("bare-sshd")
     node_path = path_without(base / "node-bin", "rsync", "tar", "tmux")
     server = SshdServer(base, os.path.abspath(sshd), ssh, keygen, node_path=node_path)
     try:
@@ -169,5 +169,8 @@ def bare_node_sshd(tmp_path_factory):
         if server.run(f"command -v {program}").returncode == 0:
             server.stop()
             pytest.fail(f"the bare node still finds {program}: sshd's SetEnv PATH did not take")
-    yield server
-    server.stop()
+    return server
+
+
+# The fixtures live in conftest.py; these names stay importable for test modules written against the old layout.
+from conftest import bare_node_sshd, sshd_server  # noqa: E402,F401

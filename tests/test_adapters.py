@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from conftest import NODE
-from test_run_one import box, read, wait_for  # noqa: F401  (box: the fixture that cleans up)
+from conftest import NODE, need_module, wait_for
+from conftest import read_json as read
 
-torch = pytest.importorskip("torch", reason="PyTorch (CPU) drives the third-party trainer")
+torch = need_module("torch")      # PyTorch (CPU) drives the third-party trainer
 
 TRAINER = r'''
 import argparse, os, sys, time, torch
@@ -63,6 +63,7 @@ def status_json(run_dir):
     return json.loads(res.stdout) if res.stdout.strip() else {}
 
 
+@pytest.mark.drill("kill-9 mid-epoch resumes")
 def test_third_party_trainer_preempted_and_resumed_as_attempt_two(tmp_path, box):  # noqa: F811
     (box.work / "train.py").write_text(TRAINER)
     gate = tmp_path / "hold"
@@ -104,6 +105,8 @@ def test_third_party_trainer_preempted_and_resumed_as_attempt_two(tmp_path, box)
     assert list((run_dir / "previous").iterdir()), "attempt 1's evidence was kept apart"
 
 
+@pytest.mark.drill("kill-9 mid-save keeps last good")
+@pytest.mark.drill("resume that cannot resume keeps durable output")
 def test_a_torn_checkpoint_is_put_back_from_its_verified_durable_copy(tmp_path, box):  # noqa: F811
     """Preempted mid-save (or a container disk wiped by a restart): nothing good is left in the job's cwd, but
     the end-of-attempt sync kept a verified copy. The next attempt resumes from it instead of step 0, and the
@@ -187,6 +190,7 @@ def kill_everything_of(run_dir):
                         open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30)
 
 
+@pytest.mark.drill("restart re-arms the dead-man")
 @pytest.mark.parametrize("opted_in", [True, False], ids=["auto-resume", "re-arm-only"])
 def test_boot_resume_after_a_simulated_restart(tmp_path, box, opted_in):  # noqa: F811
     (box.work / "train.py").write_text(PERIODIC)
@@ -237,6 +241,7 @@ def boot_resume(env, *args):
     return res.returncode, (json.loads(res.stdout) if res.stdout.strip() else {}), res.stderr
 
 
+@pytest.mark.drill("earlier watcher spares a resumed attempt")
 def test_explicit_resume_refuses_a_live_attempt_then_hands_the_dead_man_over(tmp_path, box):  # noqa: F811
     (box.work / "train.py").write_text(PERIODIC)
     gate = tmp_path / "hold"

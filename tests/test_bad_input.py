@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, missing, need_root
 
 PY = sys.executable
 # Variables a developer's shell may carry that would change what the scripts read.
@@ -473,7 +473,8 @@ def python36():
     path = found[-1] if found else shutil.which("python3.6")
     if not path or subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == (3, 6)"],
                                   capture_output=True).returncode != 0:
-        pytest.skip("python3.6 is not installed (Ubuntu 18.04 images still ship it)")
+        missing("python3.6 is not installed (pyenv install 3.6.15, or put any python3.6 on PATH; the GitHub "
+                "workflow takes one from conda-forge)")
     return path
 
 
@@ -510,7 +511,7 @@ def test_finding_5_manifest_out_never_replaces_a_device_or_a_symlink(tmp_path):
         assert res.stdout == "" and "Traceback" not in res.stderr
     assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"
     if len(targets) == 1:
-        pytest.skip("symlink checked; the device-node half needs root for mknod")
+        need_root("the device-node half of this check (mknod)")
     st = os.lstat(targets[1])
     assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fakenull", "fakestdout", "results"]

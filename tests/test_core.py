@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import NODE
+from conftest import NODE, missing, need_root
 
 sys.path.insert(0, str(NODE))
 import rgt_core as core  # noqa: E402
@@ -63,8 +63,8 @@ def test_atomic_write_refuses_a_fifo(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root (CI and rented boxes run as root)")
 def test_atomic_write_refuses_a_device_node(tmp_path):
+    need_root("mknod of a device node")
     dev = tmp_path / "fakenull"
     os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     with pytest.raises(core.UsageError, match="device"):
@@ -91,7 +91,7 @@ def test_pid_reuse_is_not_alive():
     """A live pid recorded with another start time (the pid was reused) is not the recorded process."""
     me = core.process_identity()
     if me["start_ticks"] is None:
-        pytest.skip("no /proc here")
+        missing("no /proc here: process start times come from /proc/PID/stat (run the suite on Linux)")
     assert not core.pid_alive(me["pid"], start_ticks=me["start_ticks"] + 1)
     assert not core.pid_alive(me["pid"], start_ticks=me["start_ticks"], boot="another-boot")
 

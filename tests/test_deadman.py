@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, need
-from sshd_fixture import sshd_server  # noqa: F401  (the real sshd of the remote flows)
+from conftest import NODE, SCRIPTS, TOOLS, need, pid_alive, wait_for
 
 sys.path.insert(0, str(NODE))
 import evidence  # noqa: E402
@@ -89,18 +88,6 @@ def read_or_empty(run, name):
         return {}
 
 
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def procs():
     """Processes this test started; all are ended (by pid) afterwards."""
@@ -137,15 +124,6 @@ def arm_bg(procs, run, *args):
     if res.returncode == 0:
         procs.append(int(res.stdout.strip()))
     return res
-
-
-def wait_for(predicate, timeout=10.0, step=0.05):
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def torch_like(payload_size=4096):
@@ -186,6 +164,7 @@ def make_sync(run, results, files, run_id="r1", logs=True):
 
 # ----------------------------------------------------------------------------- triggers
 
+@pytest.mark.drill("stall fires the dead-man")
 def test_stalled_job_gets_sigterm_then_meter_stop(tmp_path, procs):
     marker = tmp_path / "job-got-sigterm"
     job = start_job(procs, TERM_JOB, marker)
@@ -208,6 +187,7 @@ def test_stalled_job_gets_sigterm_then_meter_stop(tmp_path, procs):
     assert read(run, "deadman.json")["state"] == "fired"
 
 
+@pytest.mark.drill("unacknowledged finish stops after grace")
 @pytest.mark.parametrize("how", ["succeeded", "crashed"])
 def test_finished_job_not_acknowledged_stops_after_grace(tmp_path, procs, how):
     if how == "succeeded":
@@ -368,6 +348,7 @@ GATE_CASES = ["no-sync", "tampered", "truncated", "not-allowed", "verified", "sy
               "extra-file", "other-run", "damaged-manifest"]
 
 
+@pytest.mark.drill("destructive stop needs verified sync")
 @pytest.mark.parametrize("case", GATE_CASES)
 def test_destructive_stop_needs_allow_and_a_verified_durable_sync(tmp_path, case):
     run = make_run(tmp_path, state="succeeded", exit_code=0)
@@ -418,6 +399,7 @@ def test_destructive_stop_needs_allow_and_a_verified_durable_sync(tmp_path, case
         assert expected[case] in detail, detail
 
 
+@pytest.mark.drill("destructive stop needs verified sync")
 def test_destructive_profile_refused_without_fallback_keeps_meter_running(tmp_path):
     run = make_run(tmp_path, state="succeeded", exit_code=0)
     destroy, d_calls = stand_in(tmp_path, "terminate")
@@ -488,7 +470,7 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs):
+def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs, quiet_ssh_host):
     sshd = need("sshd")
     need("ssh")
     keygen = need("ssh-keygen")
@@ -582,6 +564,7 @@ def test_suspend_is_told_apart_from_a_stall():
     ("vastai destroy instance 42", "destroy"),
     ("curl -X POST https://api.example.invalid/v1/instance-operations/terminate", "terminate"),
 ])
+@pytest.mark.drill("destructive stop needs verified sync")
 def test_undeclared_destructive_stop_is_treated_as_destructive(tmp_path, command, word):
     """Fail closed: naming terminate/destroy/remove makes a stop destructive even without the flag."""
     run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
@@ -672,6 +655,7 @@ KNOWN_SAFE = [
 ]
 
 
+@pytest.mark.drill("destructive stop needs verified sync")
 @pytest.mark.parametrize("command", WRAPPED_DESTRUCTIVE)
 def test_finding_3_wrapped_destructive_stops_are_detected(command):
     assert import_deadman().destructive_word(command), command
@@ -887,14 +871,15 @@ def ssh_session_count(run):
 
 def open_idle_session(sshd_server, procs):
     """A session that stays open and silent, like a ControlPersist master or a forgotten window."""
-    client = subprocess.Popen([sshd_server.ssh, "-F", str(sshd_server.config), "-o", "ControlMaster=no",
+    # -tt: a terminal, so the remote sleep gets SIGHUP and ends with the session instead of outliving the test
+    client = subprocess.Popen([sshd_server.ssh, "-tt", "-F", str(sshd_server.config), "-o", "ControlMaster=no",
                                "-o", "ControlPath=none", sshd_server.alias, "sleep 120"],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs.append(client)
     return client
 
 
-def test_finding_13_the_ssh_wait_is_capped(tmp_path, procs, sshd_server):
+def test_finding_13_the_ssh_wait_is_capped(tmp_path, procs, quiet_ssh_host, sshd_server):
     run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
     baseline = ssh_session_count(run)
     open_idle_session(sshd_server, procs)
@@ -910,7 +895,7 @@ def test_finding_13_the_ssh_wait_is_capped(tmp_path, procs, sshd_server):
     assert len(calls_of(calls)) == 1
 
 
-def test_finding_13_an_idle_ssh_session_stops_holding_the_deadman_off(tmp_path, procs, sshd_server):
+def test_finding_13_an_idle_ssh_session_stops_holding_the_deadman_off(tmp_path, procs, quiet_ssh_host, sshd_server):
     if os.geteuid() != 0:
         pytest.skip("traffic counters of sshd's session processes (/proc/PID/io) are readable by root only")
     run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
@@ -943,6 +928,7 @@ def test_every_option_is_in_the_docstring():
 
 # ----------------------------------------------------------------------------- the node registry
 
+@pytest.mark.drill("unacknowledged finish stops after grace")
 def test_a_finished_run_waits_while_another_run_on_the_node_trains(tmp_path, procs):
     """Issue 11 drill: two runs, one ends, the other trains: no stop until both are done and the grace has passed."""
 
@@ -967,6 +953,6 @@ def test_a_finished_run_waits_while_another_run_on_the_node_trains(tmp_path, pro
     assert calls_of(calls) == [] and not (done_run / "DEADMAN_FIRED.json").exists()
     trainer.kill()
     trainer.wait()
-    # wait for the stop itself, not only its record (the record is written before the stop runs)
-    assert wait_for(lambda: len(calls_of(calls)) == 1, 60)
+    # DEADMAN_FIRED.json is written before the stop runs: wait for the stop itself, then read the record
+    assert wait_for(lambda: calls_of(calls) and "message" in read_or_empty(done_run, "DEADMAN_FIRED.json"), 60)
     assert read(done_run, "DEADMAN_FIRED.json")["reason"] == "job_ended" and len(calls_of(calls)) == 1

@@ -33,6 +33,7 @@ def build(root, roster, **kw):
 
 # ---------------------------------------------------------------- content checks
 
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_a_real_torch_checkpoint_passes_and_a_truncated_one_fails(tmp_path):
     torch = need_module("torch")
     good = tmp_path / "ckpt.pt"
@@ -60,6 +61,7 @@ def test_a_real_torch_checkpoint_passes_and_a_truncated_one_fails(tmp_path):
     (lambda p: p.write_text('{"acc": 0.'), "cut.json", "not valid JSON"),
     (lambda p: p.write_bytes(os.urandom(100)), "opaque.bin", None),
 ])
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_content_check_by_format(tmp_path, maker, name, fragment):
     path = tmp_path / name
     maker(path)
@@ -72,6 +74,7 @@ def test_content_check_by_format(tmp_path, maker, name, fragment):
 
 # ---------------------------------------------------------------- building
 
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_build_includes_dotfiles_and_records_formats(tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / ".metadata").write_bytes(b"dcp metadata")
@@ -84,6 +87,7 @@ def test_build_includes_dotfiles_and_records_formats(tmp_path):
     assert manifest["file_count"] == 2 and manifest["schema"] == ev.SCHEMA
 
 
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_a_zero_byte_checkpoint_fails_unless_allowed(tmp_path):
     (tmp_path / "ckpt.pt").write_bytes(b"")
     (tmp_path / "logs").mkdir()
@@ -101,12 +105,14 @@ def test_a_truncated_checkpoint_is_refused_at_build(tmp_path):
     assert manifest is None and problems[0]["code"] == "content"
 
 
+@pytest.mark.drill("empty roster fails")
 def test_empty_roster_result_and_unmatched_entries_fail(tmp_path):
     (tmp_path / "a.txt").write_text("x")
     manifest, problems, _ = build(tmp_path, ["missing/*"])
     assert manifest is None and problems[0]["code"] == "unmatched"
 
 
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_symlink_escape_and_special_files_fail(tmp_path):
     root = tmp_path / "root"
     root.mkdir()

@@ -7,8 +7,8 @@ import signal
 import subprocess
 import sys
 
-from conftest import NODE
-from test_run_one import box, read, wait_for  # noqa: F401  (box: the fixture that cleans up)
+from conftest import NODE, wait_for
+from conftest import read_json as read
 
 SWEEP = NODE / "final_sweep.py"
 

@@ -6,12 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
+import conftest
 from conftest import NODE
-from sshd_fixture import sshd_server  # noqa: F401
 
 WATCH = NODE / "idle_watch.py"
 
@@ -35,13 +34,7 @@ def gpu(tmp_path):
 
 
 def wait_for(predicate, what, timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return conftest.wait_for(predicate, timeout, step=0.1, what=what)
 
 
 def state(watch_dir):
@@ -114,7 +107,7 @@ def test_no_gpu_reading_is_never_taken_for_idle(tmp_path, gpu):
 def test_an_open_ssh_session_keeps_it_from_firing(tmp_path, gpu, sshd_server):
     _, env = gpu
     watch, marker = tmp_path / "watch", tmp_path / "METER_STOPPED"
-    session = subprocess.Popen(["ssh", "-F", str(sshd_server.config), "-o", "ControlPath=none", "gpu-box",
+    session = subprocess.Popen(["ssh", "-tt", "-F", str(sshd_server.config), "-o", "ControlPath=none", "gpu-box",
                                 "sleep 600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     try:

@@ -4,24 +4,26 @@ The old launcher polled for run.lock/pid, which the supervisor of a job like `fa
 it waited 30 s, said "the supervisor did not start", exited 1, overwrote the state and disarmed the
 dead-man. Now the launcher learns the start from status.json (supervisor_identity, written under a lock).
 Everything here is real: bash, tmux or the setsid path, the supervisor, the dead-man. Nothing sleeps a
-fixed time; each launch is one `run_one.sh --wait --json` and the assertions read the files it left.
+fixed time; each launch is one `run_one.sh --wait --json` and the assertions read the files it left. The
+four kinds of immediate exit start at once, so the launchers race each other for the CPU as well.
 """
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import NODE, need
-from test_run_one import Box, path_without, pid_alive, read
+from conftest import NODE, need, path_without, pid_alive
+from conftest import read_json as read
+
+pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test here is a finding
 
 RUN_ONE = str(NODE / "run_one.sh")
 SUPERVISE = str(NODE / "supervise.py")
 DEADMAN = str(NODE / "deadman.py")
-LAUNCHES = 20
 
 # (job, exit code, final state): each exits within milliseconds
 IMMEDIATE = [
@@ -32,13 +34,6 @@ IMMEDIATE = [
 ]
 
 
-@pytest.fixture
-def box(tmp_path):
-    b = Box(tmp_path)
-    yield b
-    b.cleanup()
-
-
 def stop_deadman(run_dir):
     """End this run's dead-man by its recorded pid (we armed it; SIGTERM is its documented exit)."""
     pid = read(run_dir / "deadman.json").get("pid")
@@ -46,24 +41,27 @@ def stop_deadman(run_dir):
         os.kill(int(pid), signal.SIGTERM)
 
 
+def launch_and_wait(box, env, run_id, job):
+    return subprocess.run(["bash", RUN_ONE, "--profile", "testbox", "--run-id", run_id, "--grace-minutes", "5",
+                           "--poll-seconds", "0.5", "--wait", "--json", "--", *job], cwd=str(box.work), env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize("detach", ["tmux", "setsid"])
 def test_finding_6_immediate_exits_report_their_own_code_and_state(box, detach):
+    """Every kind of immediate exit, launched all at once into one box (the race is hardest when the
+    launchers compete for the CPU); each launcher must report its own job's code and state."""
     env = dict(box.env)
     if detach == "tmux":
         need("tmux")
     else:
-        env["PATH"] = path_without(box.tmp, "tmux")
-    took = []
-    for n in range(LAUNCHES):
-        job, code, state = IMMEDIATE[n % len(IMMEDIATE)]
-        run_id = "fast-%s-%02d" % (detach, n)
-        box.runs.append(run_id)
-        start = time.monotonic()
-        res = subprocess.run(["bash", RUN_ONE, "--profile", "testbox", "--run-id", run_id, "--grace-minutes", "5",
-                              "--poll-seconds", "0.5", "--wait", "--json", "--", *job], cwd=str(box.work), env=env,
-                             capture_output=True, text=True, timeout=120)
-        took.append(time.monotonic() - start)
-        where = "launch %d (%s): %s" % (n, " ".join(job), res.stderr[-600:])
+        env["PATH"] = path_without(box.tmp / "no-tmux", "tmux")
+    launches = [("fast-%s-%d" % (detach, n), job, code, state) for n, (job, code, state) in enumerate(IMMEDIATE)]
+    box.runs.extend(run_id for run_id, _, _, _ in launches)
+    with ThreadPoolExecutor(len(launches)) as pool:
+        results = list(pool.map(lambda launch: launch_and_wait(box, env, launch[0], launch[1]), launches))
+    for (run_id, job, code, state), res in zip(launches, results):
+        where = "%s (%s): %s" % (run_id, " ".join(job), res.stderr[-600:])
         assert res.returncode == code, where
         assert "did not" not in res.stderr, where
         report = json.loads(res.stdout)
@@ -84,9 +82,7 @@ def test_finding_6_immediate_exits_report_their_own_code_and_state(box, detach):
         assert report["deadman"]["state"] == "armed", where
         assert not (rd / "run.lock").exists(), where
         stop_deadman(rd)
-    # the old launcher needed 30 s for each of these; the generous bound below only separates the two
-    assert max(took) < 20, took
-    print("launch-to-report seconds (%s): median %.2f, max %.2f" % (detach, sorted(took)[len(took) // 2], max(took)))
+    # How fast the report comes is measured by tools/bench_latency.py (GUIDE §9: within 2 s), not here.
 
 
 def test_finding_6_a_supervisor_that_never_records_itself_fails_the_launch_fast_and_disarms(box):
@@ -95,10 +91,9 @@ def test_finding_6_a_supervisor_that_never_records_itself_fails_the_launch_fast_
     rd = box.run_dir("nosup")
     (rd / "supervisor.log").mkdir(parents=True)   # the supervisor cannot open its log and exits before claiming
     job, cfg = box.job("nosup")
-    start = time.monotonic()
     res = box.launch("nosup", job, "--grace-minutes", "5", "--wait")
+    # this message, not the timeout's ("did not record itself within ..."): the launcher noticed at once
     assert res.returncode == 1 and "exited before it recorded itself" in res.stderr, res.stderr
-    assert time.monotonic() - start < 20, "the launcher waited out its timeout instead of noticing"
     status = box.status("nosup")
     assert status["state"] == "failed" and status["supervisor_identity"] is None and status["job_pid"] is None
     assert not os.path.exists(cfg["seen"]), "the job ran"

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS
+from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_root
 
 PROBE = NODE / "node_probe.py"
 
@@ -324,9 +324,9 @@ def test_finding_5_out_refuses_a_symlink_and_a_fifo(tmp_path):
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-@pytest.mark.skipif(not is_root(), reason="mknod of a character device needs root (rented boxes run as root)")
 def test_finding_5_out_refuses_a_device_node(tmp_path):
     """The report's repro: mknod c 1 3 (a /dev/null twin), then node_probe --out onto it."""
+    need_root("mknod of a character device")
     dev = tmp_path / "fakenull"
     os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     proc = run_probe("--out", str(dev), "--data-dir", str(tmp_path))
@@ -368,14 +368,14 @@ def test_na_utilisation_prints_n_a_not_none(tmp_path):
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 4 MiB tmpfs with 200 inodes: a real filesystem under the toolkit's inode floor (root only)."""
-    if not is_root() or not shutil.which("mount"):
-        pytest.skip("mounting a tmpfs needs root")
+    need_root("mounting a tmpfs")
+    need("mount")
     point = tmp_path / "tiny"
     point.mkdir()
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(point)],
                          capture_output=True, text=True)
     if res.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here: %s" % res.stderr.strip())
+        missing("cannot mount a tmpfs here (a container needs CAP_SYS_ADMIN): %s" % res.stderr.strip())
     yield point
     subprocess.run(["umount", str(point)], capture_output=True)
 

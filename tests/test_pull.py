@@ -21,65 +21,20 @@ from pathlib import Path
 import pytest
 
 from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_module, path_without
-from sshd_fixture import bare_node_sshd, sshd_server  # noqa: F401  (session fixtures: real sshd, alias "gpu-box")
+from results_fixture import BUILD, HEAD, PROFILE, ROSTER, RUN, build, make_results, run  # noqa: F401
 
 sys.path.insert(0, str(SCRIPTS)); sys.path.insert(0, str(NODE))
 import evidence  # noqa: E402
 import pull_verified  # noqa: E402  (pure helpers, tested in-process)
 
-BUILD = NODE / "build_pull_manifest.py"
 PULL = SCRIPTS / "pull_verified.py"
 GATE = SCRIPTS / "teardown_gate.py"
 SCHEMA = NODE / "manifest.schema.json"
-ROSTER = ("ckpt/**", "metrics.jsonl", "final.json")
-RUN = "run-7"
-
-PROFILE = {
-    "platform": "examplecloud", "title": "Example Cloud", "kind": "container-rental", "verified": "2026-12",
-    "sources": ["https://example.com/billing"],
-    "billing": {"meter_stop_action": "Terminate the pod (console, or examplectl rm <pod-id>)",
-                "meter_stop_destroys": "container disk and volume disk",
-                "pause_action": "Stop the pod", "keeps_billing_when_paused": "volume disk at the idle rate",
-                "granularity": "per second", "auto_release": None, "os_shutdown_stops_billing": False},
-    "storage": [{"tier": "network volume", "path": "/workspace", "survives_pause": True,
-                 "survives_destroy": True, "caps": "fixed size", "region_locked": True}],
-}
-
 
 # ---------------------------------------------------------------- helpers
 
-def run(script, *args, env=None, timeout=120):
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 def sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-# A legacy-pickle magic byte first: the content check accepts it as a torch checkpoint, the rest is noise.
-HEAD = b"\x80\x02GOOD"
-
-
-def make_results(root: Path, seed: int = 0) -> Path:
-    """A finished run's outputs: two checkpoints, metrics, a final summary, and a log NOT in the roster."""
-    rng = __import__("random").Random(seed)
-    (root / "ckpt" / "sub").mkdir(parents=True)
-    (root / "logs").mkdir()
-    (root / "ckpt" / "epoch_1.pt").write_bytes(HEAD + rng.randbytes(150_000))
-    (root / "ckpt" / "sub" / "epoch_2.pt").write_bytes(HEAD + rng.randbytes(90_000))
-    (root / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 1 / (i + 1)}) + "\n"
-                                                for i in range(50)))
-    (root / "final.json").write_text(json.dumps({"steps_done": 50, "loss": 0.02}))
-    (root / "logs" / "train.log").write_text("not part of the roster\n")
-    return root
-
-
-def build(root: Path, roster=ROSTER, run_id=RUN, *extra):
-    args = ["--root", root, "--run-id", run_id, *extra]
-    for pattern in roster:
-        args += ["--roster", pattern]
-    return run(BUILD, *args)
 
 
 def pull(source, dest, rsh=None, *extra):
@@ -101,24 +56,6 @@ def fail_codes(stdout: str) -> set:
 
 def assert_not_promoted(dest: Path, run_id: str = RUN):
     assert not (dest / run_id).exists(), "a failed pull must not be promoted"
-
-
-@pytest.fixture(scope="module")
-def profile_env(tmp_path_factory):
-    index = tmp_path_factory.mktemp("profiles") / "index.json"
-    index.write_text(json.dumps({"generated_by": "tests", "schema_version": 1,
-                                 "profiles": {"examplecloud": PROFILE}}))
-    env = dict(os.environ, RGT_PROFILE_INDEX=str(index))
-    return env
-
-
-@pytest.fixture
-def node(tmp_path):
-    """Result root 'on the node' with its manifest built (same machine, reached through sshd or locally)."""
-    root = make_results(tmp_path / "node dir" / "results")  # a space: quoting must hold end to end
-    done = build(root)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +119,7 @@ def test_unmatched_roster_entries_are_named_and_nothing_written(tmp_path):
     assert not (root / "PULL_MANIFEST.json").exists()
 
 
+@pytest.mark.drill("empty roster fails")
 def test_empty_roster_or_empty_result_is_a_failure(tmp_path):
     empty = tmp_path / "empty"
     (empty / "ckpt").mkdir(parents=True)
@@ -195,6 +133,7 @@ def test_empty_roster_or_empty_result_is_a_failure(tmp_path):
         assert refused.returncode == 2 and "roster entry" in refused.stderr
 
 
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_symlink_escape_and_special_files_are_rejected(tmp_path):
     root = make_results(tmp_path / "r")
     secret = tmp_path / "outside.txt"
@@ -260,6 +199,7 @@ def test_full_pull_over_ssh(sshd_server, node, tmp_path):
     assert json.loads((final / "final.json").read_text())["steps_done"] == 50
 
 
+@pytest.mark.drill("interrupted pull resumes")
 def test_interrupted_pull_resumes_and_reuses_partial_data(sshd_server, node, tmp_path):
     size = 6 * 1024 * 1024
     (node / "ckpt" / "big.pt").write_bytes(HEAD + os.urandom(size))
@@ -303,6 +243,7 @@ def test_interrupted_pull_resumes_and_reuses_partial_data(sshd_server, node, tmp
     assert not partial.exists() and not (dest / RUN / "ckpt" / ".rsync-partial").exists()
 
 
+@pytest.mark.drill("interrupted pull resumes")
 def test_hard_kill_leftover_is_adopted_on_resume(sshd_server, node, tmp_path):
     size = 4 * 1024 * 1024
     (node / "ckpt" / "big.pt").write_bytes(HEAD + os.urandom(size))
@@ -333,6 +274,7 @@ def test_hard_kill_leftover_is_adopted_on_resume(sshd_server, node, tmp_path):
     ("truncate", "truncated", "ckpt/sub/epoch_2.pt", "of 90006 bytes"),
     ("delete", "missing", "metrics.jsonl", "in the manifest but not here"),
 ])
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_node_side_damage_fails_with_its_own_reason(sshd_server, node, tmp_path, fault, code, path, words):
     target = node / path
     if fault == "flip":
@@ -352,6 +294,7 @@ def test_node_side_damage_fails_with_its_own_reason(sshd_server, node, tmp_path,
     assert (dest / f".staging-{RUN}").is_dir(), "staging must be kept for the next attempt"
 
 
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_extra_file_in_staging_fails_then_clean_rerun_passes(sshd_server, node, tmp_path):
     dest = tmp_path / "dest"
     staging = dest / f".staging-{RUN}"
@@ -387,6 +330,7 @@ def test_remote_root_forms_reach_rsync_and_ssh_correctly():
     ("ckpt/a\u0000b", "NUL byte"),
     ("PULL_VERIFIED.json", "reserved name"),
 ])
+@pytest.mark.drill("damaged evidence fails with a reason")
 def test_unsafe_manifest_paths_rejected_before_pulling(sshd_server, node, tmp_path, bad_path, words):
     manifest = json.loads((node / "PULL_MANIFEST.json").read_text())
     manifest["files"][0]["path"] = bad_path
@@ -586,6 +530,7 @@ def test_tar_transport_over_ssh_pulls_and_verifies(sshd_server, node, tmp_path):
     assert (tmp_path / "dest" / RUN / "PULL_VERIFIED.json").exists()
 
 
+@pytest.mark.drill("interrupted pull resumes")
 def test_tar_transport_resumes_per_file(sshd_server, node, tmp_path):
     dest = tmp_path / "dest"
     staging = dest / f".staging-{RUN}"
@@ -681,7 +626,7 @@ def test_tar_stream_with_an_unlisted_member_is_refused(tmp_path):
 def test_gate_inspect_runs_the_checkpoint_inspector(tmp_path, profile_env):
     """--inspect: a checkpoint torch can load passes, noise with a checkpoint's name is a reason; a pull
     with no checkpoint at all passes (nothing to inspect)."""
-    torch = pytest.importorskip("torch", reason="a real torch.save checkpoint")
+    torch = need_module("torch")      # a real torch.save checkpoint
     root = tmp_path / "r"
     (root / "ckpt").mkdir(parents=True)
     torch.save({"model": torch.nn.Linear(2, 1).state_dict(), "step": 3}, root / "ckpt" / "good.pt")

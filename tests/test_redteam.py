@@ -42,19 +42,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SCRIPTS, need, path_without
-from sshd_fixture import sshd_server  # noqa: F401  (session fixture: real sshd + ssh config "gpu-box")
-from test_pull import (GATE, PULL, RUN, build, flip_byte, make_results, node, profile_env,  # noqa: F401
-                       pull, run)
+from conftest import REPO, SCRIPTS, need, path_without, wait_for
+from results_fixture import RUN, build, make_results, run
+from test_pull import GATE, PULL, flip_byte, pull
 
-
-def wait_for(predicate, timeout=60.0, step=0.1):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
+pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test here is a finding
 
 
 def pids_with(*needles):

@@ -16,12 +16,14 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, need
+from conftest import NODE, SCRIPTS, need, need_module
 from test_repro import committed_project, git
-from test_run_one import box, read  # noqa: F401  (box: the fixture that disarms and kills what it launched)
+from conftest import read_json as read
 
 sys.path.insert(0, str(NODE))
 import rgt_core as core  # noqa: E402
+
+pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test here is a finding
 
 PY = sys.executable
 BOOT = str(NODE / "boot_resume.py")
@@ -112,6 +114,7 @@ def failed_run_with_armed_deadman(box, run_id):
 
 # ---------------------------------------------------------------------------------------------- resume
 
+@pytest.mark.drill("restart re-arms the dead-man")
 def test_boot_resume_failed_relaunch_leaves_run_watched(box):  # noqa: F811
     res = box.launch("boot1", [PY, "-c", "import time; time.sleep(900)"], "--auto-resume", "--deadman-dry-run",
                      "--grace-minutes", "0.5", timeout=120)
@@ -128,6 +131,7 @@ def test_boot_resume_failed_relaunch_leaves_run_watched(box):  # noqa: F811
     assert core.deadman_state(str(run_dir))["watching"], (read(run_dir / "status.json"), only)
 
 
+@pytest.mark.drill("earlier watcher spares a resumed attempt")
 def test_resume_killed_mid_launch_leaves_run_watched(tmp_path, box):  # noqa: F811
     run_dir = failed_run_with_armed_deadman(box, "kill1")
     shim, markers, release = slow_launch_shim(tmp_path)
@@ -173,6 +177,7 @@ def test_second_concurrent_resume_is_refused(tmp_path, box):  # noqa: F811
     assert launches == 1 and second.returncode == 3, (launches, second.returncode, out1, out2)
 
 
+@pytest.mark.drill("restart re-arms the dead-man")
 def test_boot_sweep_survives_one_damaged_run(tmp_path):
     runs = tmp_path / "durable" / "runs"
     cfg = {"config": {"grace_minutes": 30, "poll_seconds": 1, "dry_run": True}}
@@ -272,7 +277,7 @@ def test_forensics_json_is_strict_json_with_nan_metrics(tmp_path):
 
 
 def test_forensics_diff_yaml_dates(tmp_path):
-    pytest.importorskip("yaml")
+    need_module("yaml", "pip install -r requirements-dev.txt (pyyaml)")
     for name, day in (("a", "2026-12-01"), ("b", "2026-12-02")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.yaml").write_text("lr: 0.1\ndata_snapshot: %s\n" % day)
@@ -313,6 +318,7 @@ def test_run_env_remote_keeps_no_credential(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- final_sweep.py
 
+@pytest.mark.drill("sweep keeps runs' files apart")
 def test_final_sweep_never_replaces_a_verified_copy_with_another_runs_file(box):  # noqa: F811
     for rid in ("abl-a", "abl-b"):
         job = [PY, "-c", "import os; os.makedirs('out', exist_ok=True); open('out/model.bin', 'w')"
@@ -330,6 +336,7 @@ def test_final_sweep_never_replaces_a_verified_copy_with_another_runs_file(box):
 
 # ---------------------------------------------------------------------------------------------- dead-man hand-over
 
+@pytest.mark.drill("earlier watcher spares a resumed attempt")
 def test_resume_waits_for_or_refuses_a_firing_deadman(tmp_path, box):  # noqa: F811
     started, release = tmp_path / "stop.started", tmp_path / "stop.release"
     stop = tmp_path / "slow-stop.sh"

@@ -10,21 +10,12 @@ import time
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, need
+from conftest import NODE, REPO, SCRIPTS, need, wait_for
 
 RUN_ONE = str(NODE / "run_one.sh")
 RUN_ENV = str(NODE / "run_env.py")
 REPRO = str(SCRIPTS / "repro.py")
 TRAIN = REPO / "examples" / "train_resumable.py"
-
-
-def wait_for(predicate, timeout=120.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 def git(cwd, *args):
@@ -61,7 +52,7 @@ def launch(tmp_path, proj, run_dir, steps=8, backend="pure"):
                           "--wait", "--", *cmd], cwd=str(proj), env=env_for(tmp_path), capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert wait_for(lambda: (run_dir / "env.json").is_file()), "run_env.py never wrote env.json"
+    assert wait_for(lambda: (run_dir / "env.json").is_file(), 120), "run_env.py never wrote env.json"
     return json.loads((run_dir / "env.json").read_text())
 
 

@@ -11,11 +11,16 @@ import sys
 
 import pytest
 
-from conftest import NODE, SCRIPTS, need, path_without
-from sshd_fixture import bare_node_sshd, sshd_server  # noqa: F401
-from test_run_one import wait_for
+from conftest import NODE, SCRIPTS, end_runs_under, need, path_without, wait_for
 
 RGT = SCRIPTS / "rgt.py"
+
+
+@pytest.fixture(autouse=True)
+def end_remote_runs(tmp_path):
+    """The runs launched on the 'node' arm dry-run dead-men that watch until their grace: end them afterwards."""
+    yield
+    end_runs_under(tmp_path)
 
 
 def rgt(tmp_path, server, *args, timeout=300):
@@ -27,7 +32,7 @@ def rgt(tmp_path, server, *args, timeout=300):
 
 
 @pytest.mark.parametrize("transport", ["tar", "rsync"])
-def test_push_copies_and_verifies_the_toolkit(tmp_path, sshd_server, transport):  # noqa: F811
+def test_push_copies_and_verifies_the_toolkit(tmp_path, sshd_server, transport):
     if transport == "rsync":
         need("rsync")
     res = rgt(tmp_path, sshd_server, "--json", "push", "gpu-box", "--transport", transport)
@@ -40,7 +45,7 @@ def test_push_copies_and_verifies_the_toolkit(tmp_path, sshd_server, transport):
     assert (tmp_path / "node-bin" / "index.json").is_file()
 
 
-def test_push_refuses_to_leave_a_mixed_toolkit_unnoticed(tmp_path, sshd_server):  # noqa: F811
+def test_push_refuses_to_leave_a_mixed_toolkit_unnoticed(tmp_path, sshd_server):
     """A node copy that does not match its stamp fails the push's version check."""
     assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
     with open(tmp_path / "node-bin" / "rgt_core.py", "a") as fh:
@@ -50,7 +55,7 @@ def test_push_refuses_to_leave_a_mixed_toolkit_unnoticed(tmp_path, sshd_server):
 
 
 @pytest.mark.parametrize("bare", [False, True], ids=["with-rsync", "no-rsync-no-tmux"])
-def test_the_whole_chain_over_ssh(tmp_path, sshd_server, bare):  # noqa: F811
+def test_the_whole_chain_over_ssh(tmp_path, sshd_server, bare):
     """The SKILL.md chain end to end; `bare` runs it with rsync and tmux hidden from the laptop side."""
     # sshd gives the node side its own PATH, so only the laptop side is bare here; the launcher's
     # setsid fallback on a bare node is proven by tests/test_demo.py.
@@ -63,7 +68,7 @@ def test_the_whole_chain_over_ssh(tmp_path, sshd_server, bare):  # noqa: F811
             os.environ["PATH"] = saved
 
 
-def test_the_whole_chain_on_a_node_without_rsync_tar_or_tmux(tmp_path, bare_node_sshd):  # noqa: F811
+def test_the_whole_chain_on_a_node_without_rsync_tar_or_tmux(tmp_path, bare_node_sshd):
     """A minimal container (python3 and a shell only) behind sshd, reached from a laptop without rsync or
     tmux: push and pull pick the tar stream by themselves, python3 makes it on the node, the job runs
     under setsid, and every byte still verifies."""
@@ -153,7 +158,7 @@ def test_a_relaunched_attempt_after_a_gate_pass_is_listed_again(tmp_path):
         assert [(r["run_id"], r["attempt"]) for r in runs] == ([] if n == 2 else [("r1", 2)])
 
 
-def test_a_pushed_box_without_a_run_is_listed_as_possibly_billing(tmp_path, sshd_server):  # noqa: F811
+def test_a_pushed_box_without_a_run_is_listed_as_possibly_billing(tmp_path, sshd_server):
     assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
     res = rgt(tmp_path, sshd_server, "ledger")
     assert "MAY STILL BE BILLING" in res.stdout and "gpu-box" in res.stdout
@@ -188,7 +193,7 @@ def test_remote_words_keep_tilde_and_quote_everything():
     assert shutil.which("bash")
 
 
-def test_patrol_reports_every_open_run_in_one_round_trip_and_escalates(tmp_path, sshd_server):  # noqa: F811
+def test_patrol_reports_every_open_run_in_one_round_trip_and_escalates(tmp_path, sshd_server):
     durable, work = tmp_path / "durable", tmp_path / "work"
     assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
     common = ["--profile", "local", "--durable-dir", str(durable), "--cwd", str(work)]
@@ -212,7 +217,7 @@ def test_patrol_reports_every_open_run_in_one_round_trip_and_escalates(tmp_path,
     assert res.returncode == 10 and "disk" in res.stdout  # disk headroom below the floor escalates
 
 
-def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, sshd_server):  # noqa: F811
+def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, sshd_server):
     durable, work = tmp_path / "durable", tmp_path / "work"
     work.mkdir()
     (work / "hold").write_text("")
@@ -256,13 +261,13 @@ def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, 
 
 
 
-def test_a_node_without_the_toolkit_gets_one_clear_line(tmp_path, sshd_server):  # noqa: F811
+def test_a_node_without_the_toolkit_gets_one_clear_line(tmp_path, sshd_server):
     """Nothing pushed yet: the node's python3 finds no run_status.py, and the user is told so in one line."""
     res = rgt(tmp_path, sshd_server, "status", "gpu-box", "r1", "--durable-dir", str(tmp_path / "durable"))
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
     assert "rgt.py: error: run_status.py on gpu-box gave no JSON" in res.stderr
 
 
-def test_an_unknown_host_exits_255_with_a_hint(tmp_path, sshd_server):  # noqa: F811
+def test_an_unknown_host_exits_255_with_a_hint(tmp_path, sshd_server):
     res = rgt(tmp_path, sshd_server, "status", "no-such-alias.invalid", "r1", "--durable-dir", str(tmp_path / "d"))
     assert res.returncode == 255 and "ssh could not reach the node" in res.stderr, res.stderr

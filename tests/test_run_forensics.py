@@ -229,7 +229,7 @@ def strict_json(text):
 
 
 def test_json_writes_nonfinite_values_and_yaml_dates_as_strings(tmp_path):
-    pytest.importorskip("yaml")
+    need_module("yaml", "pip install -r requirements-dev.txt (pyyaml)")
     runs = []
     for name, values, when in (("a", [1.0, float("inf"), 0.5], "2026-12-01 10:00:00"),
                                ("b", [1.0, float("-inf"), float("nan")], "2026-12-02")):

@@ -15,75 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, need
+from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_root, pid_alive, wait_for
+from conftest import read_json as read
+from node_box import DEADMAN, JOB, RUN_ONE, TERMINAL, Box, path_without  # noqa: F401  (Box: other modules import it)
 
 sys.path.insert(0, str(NODE))
 import evidence  # noqa: E402
-
-RUN_ONE = str(NODE / "run_one.sh")
-DEADMAN = str(NODE / "deadman.py")
-TERMINAL = ("succeeded", "failed", "sync_failed")
-
-# The job: records what it saw at start, optionally writes outputs, sleeps, exits with a code.
-# On SIGTERM it writes a marker (its "checkpoint") and exits 143.
-JOB = r"""
-import json, os, signal, sys, time
-cfg = json.loads(sys.argv[1])
-def on_term(signum, frame):
-    open(cfg["term_marker"], "w").write(repr(time.time()))
-    sys.exit(143)
-signal.signal(signal.SIGTERM, on_term)
-run_dir = os.environ.get("RGT_RUN_DIR", "")
-try:
-    dm = json.load(open(os.path.join(run_dir, "deadman.json")))
-    os.kill(dm["pid"], 0)
-    dm_seen = dm["state"]
-except Exception as exc:
-    dm_seen = "none: %s" % exc
-seen = {k: os.environ.get(k) for k in ("RGT_RUN_DIR", "RGT_RUN_ID", "RGT_HEARTBEAT", "DATA_DIR", "DURABLE_DIR",
-                                       "RGT_HOOK_SEEN")}
-seen.update(deadman_at_start=dm_seen, cwd=os.getcwd(), pgid=os.getpgid(0), pid=os.getpid(),
-            stdin=os.readlink("/proc/self/fd/0"))
-open(cfg["seen"], "w").write(json.dumps(seen))
-for rel, size in cfg.get("outputs", {}).items():
-    os.makedirs(os.path.dirname(rel) or ".", exist_ok=True)
-    with open(rel, "wb") as fh:  # content checks apply: a .json output must parse
-        fh.write(json.dumps({"pad": "a" * size}).encode() if rel.endswith(".json") else os.urandom(size))
-print("job: started", flush=True)
-time.sleep(cfg.get("sleep", 0))
-print("job: done", flush=True)
-sys.exit(cfg.get("code", 0))
-"""
-
-
-def pid_alive(pid):
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, TypeError, ValueError):
-        return False
-    try:
-        with open("/proc/%d/stat" % int(pid)) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def read(path):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return {}
-
-
-def wait_for(predicate, timeout=15.0, step=0.05):
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
 
 def sha(path):
     return hashlib.sha256(open(path, "rb").read()).hexdigest()
@@ -95,100 +32,6 @@ def manifest_of(results_dir):
     assert problems == [], problems
     return manifest
 
-
-class Box(object):
-    """A temporary 'node': profile index, data/durable dirs, a stand-in meter stop, a work dir."""
-
-    def __init__(self, tmp_path):
-        self.tmp = tmp_path
-        self.data = tmp_path / "data"
-        self.durable = tmp_path / "durable"
-        self.work = tmp_path / "work"
-        for d in (self.data, self.work):
-            d.mkdir()
-        self.stop_calls = tmp_path / "meter-stop.calls"
-        stop = tmp_path / "meter-stop.sh"
-        stop.write_text('#!/bin/sh\necho "stop $(date +%%s.%%N) $*" >> "%s"\n' % self.stop_calls)
-        stop.chmod(0o755)
-        self.index = tmp_path / "index.json"
-        self.index.write_text(json.dumps({"generated_by": "test", "schema_version": 1, "profiles": {"testbox": {
-            "platform": "testbox", "defaults": {
-                "DATA_DIR": str(self.data), "DURABLE_DIR": str(self.durable), "HF_HOME": None, "PROXY_HOOK": None,
-                "DISK_FLOOR_GB": 0.001, "METER_STOP_CMD": "%s pod-42" % stop, "METER_STOP_DESTRUCTIVE": False,
-                "METER_STOP_NEEDS": None}}}}))
-        self.env = dict(os.environ, RGT_PROFILE_INDEX=str(self.index), RGT_PYTHON=sys.executable)
-        for var in ("DATA_DIR", "DURABLE_DIR", "HF_HOME", "PROXY_HOOK", "DISK_FLOOR_GB", "RGT_PROFILE", "TMUX"):
-            self.env.pop(var, None)
-        self.runs = []
-
-    def run_dir(self, run_id):
-        return self.durable / "runs" / run_id
-
-    def job(self, name, **cfg):
-        cfg.setdefault("seen", str(self.tmp / ("%s.seen.json" % name)))
-        cfg.setdefault("term_marker", str(self.tmp / ("%s.sigterm" % name)))
-        return [sys.executable, "-c", JOB, json.dumps(cfg)], cfg
-
-    def argv(self, run_id, job_argv, *opts):
-        self.runs.append(run_id)
-        return ["bash", RUN_ONE, "--profile", "testbox", "--run-id", run_id, "--poll-seconds", "0.1", *opts,
-                "--", *job_argv]
-
-    def launch(self, run_id, job_argv, *opts, env=None, timeout=60):
-        return subprocess.run(self.argv(run_id, job_argv, *opts), cwd=str(self.work), env=env or self.env,
-                              capture_output=True, text=True, timeout=timeout)
-
-    def status(self, run_id):
-        return read(self.run_dir(run_id) / "status.json")
-
-    def wait_terminal(self, run_id, timeout=20):
-        assert wait_for(lambda: self.status(run_id).get("state") in TERMINAL, timeout), self.status(run_id)
-        return self.status(run_id)
-
-    def stop_calls_lines(self):
-        return self.stop_calls.read_text().splitlines() if self.stop_calls.exists() else []
-
-    def cleanup(self):
-        """Disarm our dead-men and end every process our runs started, by recorded pid only."""
-        for run_id in self.runs:
-            rd = self.run_dir(run_id)
-            if not rd.is_dir():
-                continue
-            subprocess.run([sys.executable, DEADMAN, "ack", "--run-dir", str(rd), "--disarm"],
-                           capture_output=True, timeout=30)
-            status = read(rd / "status.json")
-            pids = [status.get("job_pid"), status.get("supervisor_pid"), read(rd / "deadman.json").get("pid")]
-            for pid in pids:
-                if pid and pid_alive(pid):
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except OSError:
-                        pass
-            if shutil.which("tmux"):
-                tmux = "rgt-" + run_id.replace(".", "_")
-                subprocess.run(["tmux", "-L", tmux, "kill-server"], capture_output=True, env=self.env)
-
-
-@pytest.fixture
-def box(tmp_path):
-    b = Box(tmp_path)
-    yield b
-    b.cleanup()
-
-
-def path_without(tmp_path, hidden):
-    """A PATH holding links to every program on PATH except `hidden`."""
-    farm = tmp_path / ("bin-without-%s" % hidden)
-    farm.mkdir()
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        if not os.path.isdir(folder):
-            continue
-        for name in os.listdir(folder):
-            src = os.path.join(folder, name)
-            if name == hidden or os.path.lexists(farm / name) or os.path.isdir(src) or not os.access(src, os.X_OK):
-                continue
-            os.symlink(src, farm / name)
-    return str(farm)
 
 
 # ----------------------------------------------------------------------------- static
@@ -313,6 +156,7 @@ def test_failed_durable_sync_is_a_failure_even_when_training_succeeded(box, faul
 
 # ----------------------------------------------------------------------------- gates
 
+@pytest.mark.drill("low disk or read-only durable refuses launch")
 def test_disk_floor_refuses_before_anything_starts(box):
     job, cfg = box.job("floor")
     res = box.launch("floor", job, "--disk-floor-gb", "100000000")
@@ -380,6 +224,7 @@ def test_stale_lock_of_a_dead_pid_is_reclaimed(box):
 
 # ----------------------------------------------------------------------------- the node runs itself
 
+@pytest.mark.drill("SSH drop: job and dead-man live on")
 @pytest.mark.parametrize("detach,signals", [("tmux", [signal.SIGKILL]), ("setsid", [signal.SIGHUP, signal.SIGKILL])])
 def test_job_and_deadman_survive_the_launching_session(box, detach, signals):
     setsid = need("setsid")
@@ -412,6 +257,7 @@ def test_job_and_deadman_survive_the_launching_session(box, detach, signals):
     assert pid_alive(dm_pid), "the dead-man should still be watching (grace not over)"
 
 
+@pytest.mark.drill("stall fires the dead-man")
 def test_stalled_job_is_stopped_by_the_deadman(box):
     job, cfg = box.job("hung", sleep=60)                       # alive, silent: no heartbeat, no log lines
     res = box.launch("hung", job, "--stall-minutes", "0.03", "--grace-minutes", "5")
@@ -561,14 +407,13 @@ def mount_tmpfs(tmp_path):
     mounts = []
 
     def mount(name, options):
-        if os.geteuid() != 0:
-            pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+        need_root("mounting a small tmpfs")
         point = tmp_path / name
         point.mkdir()
         res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True,
                              text=True)
         if res.returncode != 0:
-            pytest.skip("cannot mount a tmpfs here: %s" % res.stderr.strip())
+            missing("cannot mount a tmpfs here (a container needs CAP_SYS_ADMIN: docker run --privileged): %s" % res.stderr.strip())
         mounts.append(point)
         return point
 
@@ -604,6 +449,7 @@ def test_finding_14_full_durable_disk_during_the_sync_ends_sync_failed(mount_tmp
     assert not (rd / "run.lock").exists()
 
 
+@pytest.mark.drill("low disk or read-only durable refuses launch")
 @pytest.mark.parametrize("fault", ["read-only", "file-in-the-way"])
 def test_finding_22_unwritable_durable_results_dir_is_refused_at_launch(box, fault):
     durable = box.tmp / "ro" / "dur"
@@ -619,7 +465,7 @@ def test_finding_22_unwritable_durable_results_dir_is_refused_at_launch(box, fau
                              capture_output=True, text=True)
         if res.returncode != 0:
             subprocess.run(["umount", "-l", str(box.tmp / "ro")], capture_output=True)
-            pytest.skip("cannot make a read-only bind mount here: %s" % res.stderr.strip())
+            missing("cannot make a read-only bind mount here (a container needs CAP_SYS_ADMIN: docker run --privileged): %s" % res.stderr.strip())
     else:
         durable.mkdir(parents=True)
         durable.chmod(0o555)
@@ -677,6 +523,7 @@ def good_checkpoint_code(path):
             "        z.writestr('archive/data/0', bytes(4000))\n" % (path, path))
 
 
+@pytest.mark.drill("resume that cannot resume keeps durable output")
 def test_a_failing_new_checkpoint_never_replaces_the_previous_good_durable_copy(box):
     opts = ["--output", "ckpt.pt", "--no-deadman", "--wait"]
     res = launch_in(box, "gen", [sys.executable, "-c", good_checkpoint_code("ckpt.pt")], *opts)

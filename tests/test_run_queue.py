@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS, need
+from conftest import NODE, REPO, SCRIPTS, TOOLS, missing, need, need_root, wait_for
 
 QUEUE = NODE / "run_queue.sh"
 TRAIN = REPO / "examples" / "train_resumable.py"
@@ -247,15 +247,6 @@ def alive(pid):
     return proc_state(pid) not in (None, "Z")
 
 
-def wait_for(pred, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.05)
-    pytest.fail("timed out waiting for " + what)
-
-
 def pids_in(path):
     try:
         return [int(x) for x in Path(path).read_text().split()]
@@ -278,7 +269,7 @@ def test_finding_4_sigterm_stops_the_whole_cell_tree_and_it_never_runs_twice(tmp
     write_queue(tmp_path / "q1.txt", [REPRO_4])
     cid = cell_id(1, REPRO_4)
     first = start_queue(tmp_path, "--disk-floor-gb", "0", "q1.txt")
-    wait_for(lambda: len(pids_in(tmp_path / "cell.pid")) == 1, "the cell's python to start")
+    wait_for(lambda: len(pids_in(tmp_path / "cell.pid")) == 1, what="the cell's python to start")
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=60)
     assert first.returncode == 143
@@ -290,7 +281,7 @@ def test_finding_4_sigterm_stops_the_whole_cell_tree_and_it_never_runs_twice(tmp
 
     second = start_queue(tmp_path, "--disk-floor-gb", "0", "q1.txt")
     try:
-        wait_for(lambda: len(pids_in(tmp_path / "cell.pid")) == 2, "the second pass to start the cell again")
+        wait_for(lambda: len(pids_in(tmp_path / "cell.pid")) == 2, what="the second pass to start the cell again")
         assert [alive(p) for p in pids_in(tmp_path / "cell.pid")].count(True) <= 1, "two copies at once"
         assert not alive(old)
     finally:
@@ -306,7 +297,7 @@ def test_finding_4_interrupted_cell_whose_process_lives_is_refused(tmp_path):
     cid = cell_id(1, "echo x >> starts.txt; exec sleep 30")
     cdir = tmp_path / "q.queue" / "cells" / cid
     proc = start_queue(tmp_path, "--disk-floor-gb", "0", "q.txt")
-    wait_for(lambda: (cdir / "pid").exists() and (tmp_path / "starts.txt").exists(), "the cell to start")
+    wait_for(lambda: (cdir / "pid").exists() and (tmp_path / "starts.txt").exists(), what="the cell to start")
     os.kill(proc.pid, signal.SIGKILL)                 # the queue alone dies; the cell lives on
     proc.communicate(timeout=10)
     (cdir / "status").write_text("interrupted\n")     # as a pass that recorded the stop but not the group
@@ -322,7 +313,7 @@ def test_stop_grace_kills_a_cell_that_ignores_sigterm(tmp_path):
     cmd = "trap '' TERM; echo $$ > leader.pid; sleep 300"
     write_queue(tmp_path / "q.txt", [cmd])
     proc = start_queue(tmp_path, "--disk-floor-gb", "0", "--stop-grace", "1", "q.txt")
-    wait_for(lambda: pids_in(tmp_path / "leader.pid"), "the cell to start")
+    wait_for(lambda: pids_in(tmp_path / "leader.pid"), what="the cell to start")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143
@@ -381,14 +372,14 @@ def test_json_stays_valid_for_hostile_commands(tmp_path):
 
 def test_disk_gate_uses_the_toolkits_inode_floor(tmp_path):
     """A real filesystem with 200 inodes: refused by the one inode floor (10,000) unless --inode-floor says."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    need_root("mounting a tmpfs")
     tiny = tmp_path / "tiny"
     tiny.mkdir()
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(tiny)],
                          capture_output=True, text=True)
     if res.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here: " + res.stderr.strip())
+        missing("cannot mount a tmpfs here (a container needs CAP_SYS_ADMIN: docker run --privileged): "
+                + res.stderr.strip())
     try:
         write_queue(tmp_path / "q.txt", ["touch ran.txt"])
         e = env()

@@ -3,12 +3,13 @@ import ast
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOLS
+from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOLS, missing
 
 NODE_PY = sorted(p for p in NODE.glob("*.py") if p.name not in LIBRARY_MODULES)  # the node's runnable tools
 LAPTOP_PY = sorted(SCRIPTS.glob("*.py"))
@@ -126,9 +127,11 @@ def test_every_documented_option_is_accepted(path):
 def old_python(version):
     root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
     found = sorted(glob.glob(os.path.join(root, "versions", version + "*", "bin", "python" + version)))
-    if not found:
-        pytest.skip(f"python{version} is not installed (pyenv); optional")
-    return found[-1]
+    path = found[-1] if found else shutil.which("python" + version)
+    if not path:
+        missing(f"python{version} is not installed (pyenv install {version}, or put any python{version} on PATH; "
+                "the GitHub workflow takes one from conda-forge)")
+    return path
 
 
 @pytest.mark.parametrize("path", NODE_PY, ids=lambda p: p.name)

@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from conftest import REPO, need_module
+from conftest import REPO, missing, need_module
 
 INSPECT = REPO / "scripts" / "node" / "ckpt_inspect.py"
 # The node folder's version stamp is the toolkit tests' business; here only the inspector's behaviour counts.
@@ -221,7 +221,7 @@ def test_workers_get_distinct_numpy_seeds_but_copied_generators_repeat():
     torch = need_module("torch")
     np = need_module("numpy")
     if sys.platform == "win32":
-        pytest.skip("fork start method is POSIX-only")
+        missing("the fork start method is POSIX-only (run the suite on Linux)")
     torch.manual_seed(0)
     firsts = first_draw_per_worker(torch, np)
     assert sorted(firsts) == [0, 1]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, missing, need_module
 
 # The t quantiles printed in methodology.md (V2, V3, V4): two-sided 95% for df 1..9 and 19, and t(0.80, df=8).
 T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 19: 2.09}
@@ -142,7 +142,7 @@ def test_reconcile_compares_the_last_number_before_the_binding(tmp_path):
 
 def test_collapse_report_table():
     """representation-collapse.md: the reading table, on the same synthetic tensors."""
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch")
     F = torch.nn.functional
 
     def collapse_report(z):
@@ -183,11 +183,11 @@ class _OwnsGenerator:
 
 def test_dataset_owned_generator_replays_across_workers_and_epochs():
     """V15: PyTorch reseeds NumPy's global state per worker, but a generator copied from __init__ repeats."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("numpy")
+    torch = need_module("torch")
+    need_module("numpy")
     import multiprocessing
     if "fork" not in multiprocessing.get_all_start_methods():
-        pytest.skip("needs the fork start method (Linux)")
+        missing("needs the fork start method (run the suite on Linux)")
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(_OwnsGenerator(), batch_size=1, num_workers=2,
                                          multiprocessing_context="fork")
