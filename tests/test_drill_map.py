@@ -45,14 +45,7 @@ DRILLS = {
 }
 
 # Wave-3 drills whose tests other changes are adding (2026-12): reported, not failed.
-PENDING = {
-    "full disk during grace: stop still runs",
-    "shebang-less stop script runs",
-    "no-effect stop is NOT CONFIRMED",
-    "multi-run stall spares healthy runs",
-    "provider 200 that never stops is NOT CONFIRMED",
-    "wave-3 review findings stay fixed",
-}
+PENDING = set()
 
 
 def drill_names(decorator):

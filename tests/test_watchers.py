@@ -27,6 +27,8 @@ import sessions  # noqa: E402
 import stop_engine  # noqa: E402
 import supervise  # noqa: E402
 
+pytestmark = [pytest.mark.drill("wave-3 review findings stay fixed")]
+
 DEADMAN = str(NODE / "deadman.py")
 IDLE = str(NODE / "idle_watch.py")
 RUN_STATUS = str(NODE / "run_status.py")
@@ -96,6 +98,7 @@ def running_status(run, proc, **extra):
 
 # ----------------------------------------------------------------------------- the stop engine: drills
 
+@pytest.mark.drill("shebang-less stop script runs")
 def test_finding_node_A8_a_shebang_less_stop_runs_through_sh_and_is_checked_at_arm(tmp_path):
     stop, calls = stand_in(tmp_path, shebang=False)          # AutoDL's in-container `shutdown` looks like this
     run = finished_run(tmp_path)
@@ -137,6 +140,7 @@ def test_finding_node_A8_the_program_found_at_arm_time_is_the_one_that_runs(tmp_
     assert calls_of(real_calls) == ["shutdown -h now"] and calls_of(impostor_calls) == []
 
 
+@pytest.mark.drill("no-effect stop is NOT CONFIRMED")
 def test_finding_node_A9_a_stop_that_stops_nothing_is_not_confirmed_retried_and_escalated(tmp_path):
     stop, calls = stand_in(tmp_path)                         # exits 0, the box stays up
     fallback, fb_calls = stand_in(tmp_path, "fallback")
@@ -153,6 +157,7 @@ def test_finding_node_A9_a_stop_that_stops_nothing_is_not_confirmed_retried_and_
     assert "STOP NOT CONFIRMED" in out.stdout, out.stdout + out.stderr
 
 
+@pytest.mark.drill("full disk during grace: stop still runs")
 def test_finding_review_B1_a_full_durable_disk_never_keeps_the_stop_from_running(tmp_path):
     """The run dir on a 1 MiB tmpfs, filled to the last byte before the dead-man fires: it still stops."""
     if os.geteuid() != 0 or not shutil.which("mount"):
@@ -314,6 +319,7 @@ def test_finding_node_A12_only_a_watched_progressing_neighbour_holds_the_stop(tm
         assert verdict[0] == "job_ended"
 
 
+@pytest.mark.drill("multi-run stall spares healthy runs")
 def test_finding_field_R3_a_stall_stops_that_run_not_the_box_under_a_healthy_run(tmp_path, child):
     hung = tmp_path / "runs" / "hung"
     hung.mkdir(parents=True)
@@ -328,6 +334,7 @@ def test_finding_field_R3_a_stall_stops_that_run_not_the_box_under_a_healthy_run
     assert dm2.evaluate(dm2.armed_mono + 120)[0] == "stall"
 
 
+@pytest.mark.drill("multi-run stall spares healthy runs")
 def test_finding_field_R3_stop_own_job_signals_only_that_job(tmp_path, child):
     hung = tmp_path / "runs" / "hung"
     hung.mkdir(parents=True)
@@ -523,6 +530,7 @@ def test_a_dead_man_running_older_code_is_flagged(tmp_path):
 
 # ----------------------------------------------------------------------------- the provider confirms (issue 24)
 
+@pytest.mark.drill("provider 200 that never stops is NOT CONFIRMED")
 @pytest.mark.parametrize("mode,rc,confirmed", [("normal", 0, True), ("never_stops", 1, False)])
 def test_verified_stop_the_dead_man_stops_through_the_provider_and_reads_it_back(tmp_path, mode, rc, confirmed):
     """A RunPod stand-in (tools/provider_standins.py, held to the runpod SDK by test_providers.py): the
