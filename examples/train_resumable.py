@@ -674,6 +674,8 @@ def run(args):
     else:
         log("no checkpoint in %s: starting at step 0 with backend %s" % (ckpt_dir, backend))
     del payload
+    device = getattr(trainer, "device", None)
+    log("device: %s" % (device if device is not None else "cpu (pure Python)"))
 
     metrics = Metrics(os.path.join(ckpt_dir, "metrics.jsonl"))
     metrics.truncate_after(start)
