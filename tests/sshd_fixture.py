@@ -77,7 +77,7 @@ class SshdServer:
                 "ListenAddress 127.0.0.1",
                 f"HostKey {self.base / 'host_ed25519'}",
                 f"AuthorizedKeysFile {self.base / 'authorized_keys'}",
-                f"PidFile {self.base / 'sshd.pid'}",
+                f"PidFile {self.pid_file}",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
                 "PubkeyAuthentication yes",
@@ -110,6 +110,10 @@ class SshdServer:
                 "  ControlPersist 300",
                 "",
             ]))
+            try:
+                self.pid_file.unlink()  # a previous attempt's: readiness is this sshd writing its own
+            except FileNotFoundError:
+                pass
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen([self.sshd, "-D", "-e", "-f", str(cfg)],
                                              stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -118,9 +122,21 @@ class SshdServer:
             self.stop()
         raise RuntimeError(f"sshd did not come up; log:\n{self.log.read_text()[-2000:]}")
 
-    def _wait_ready(self, timeout: float = 60.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def _wait_ready(self, probes: int = 5) -> bool:
+        """True once this sshd listens and a session through it works; False when it exited first.
+
+        No deadline on a loaded machine: sshd writes PidFile only after its listen socket is bound (and exits
+        when the port was taken meanwhile), so the wait ends on what sshd records, not on how fast the box is.
+        A listening server is never restarted for a slow first handshake: the probe that opens the multiplexing
+        master is retried (each try bounded by ssh's ConnectTimeout), and only a server that keeps refusing
+        sessions counts as not ready."""
+        while self._recorded_pid() != self.proc.pid:
+            if self.proc.poll() is not None:
+                return False  # bind failed (the port was taken after we picked it) or the config was refused
+            if "Couldn't create pid file" in self.log.read_text(errors="replace"):
+                break  # listening, but it could not say so: the probe below decides
+            time.sleep(0.05)
+        for _ in range(probes):
             if self.proc.poll() is not None:
                 return False
             try:
@@ -128,8 +144,19 @@ class SshdServer:
                     return True
             except subprocess.TimeoutExpired:
                 pass
-            time.sleep(0.1)
+            time.sleep(0.5)
         return False
+
+    @property
+    def pid_file(self) -> Path:
+        return self.base / "sshd.pid"
+
+    def _recorded_pid(self):
+        """The pid sshd wrote to its PidFile, or None while the file is absent or half written."""
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
 
     def stop(self):
         subprocess.run([self.ssh, "-F", str(self.config), "-O", "exit", self.alias],
