@@ -593,3 +593,22 @@ def test_notif_drill_the_dead_man_fires_and_the_escalation_reaches_the_webhook(t
     assert fired["notified"][0]["sent"] == ["hook"]
     for name in os.listdir(run):
         assert "notif-canary-secret" not in (run / name).read_text(errors="replace"), name
+
+
+def test_an_unknown_gpu_reading_counts_as_busy_but_the_cap_still_holds(tmp_path):
+    """A hung or broken nvidia-smi is no evidence of idleness, yet it cannot keep the box billing past --max-hours."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    smi = bindir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver'\nexit 9\n")
+    smi.chmod(0o755)
+    env = dict(os.environ, PATH="%s%s%s" % (bindir, os.pathsep, os.environ["PATH"]))
+    stop, calls = stand_in(tmp_path)
+    res = subprocess.run([sys.executable, IDLE, "arm", "--watch-dir", str(tmp_path / "w"), "--stop-cmd", stop,
+                          "--ignore-ssh", "--idle-minutes", "0.001", "--max-hours", "0.0005", "--poll-seconds",
+                          POLL, "--foreground"], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    fired = json.loads((tmp_path / "w" / "IDLE_FIRED.json").read_text())
+    state = json.loads((tmp_path / "w" / "idle_watch.json").read_text())
+    assert fired["reason"] == "max_hours" and calls_of(calls) == ["stop "]
+    assert any("no reading" in b for b in state["busy"]), state
