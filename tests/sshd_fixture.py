@@ -68,6 +68,10 @@ class SshdServer:
     def start(self, attempts: int = 3):
         key_type, key_blob = self._keys()
         for _ in range(attempts):
+            try:
+                self.pid_file.unlink()  # a previous attempt's: readiness is this sshd writing its own
+            except FileNotFoundError:
+                pass
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 self.port = probe.getsockname()[1]
@@ -110,10 +114,6 @@ class SshdServer:
                 "  ControlPersist 300",
                 "",
             ]))
-            try:
-                self.pid_file.unlink()  # a previous attempt's: readiness is this sshd writing its own
-            except FileNotFoundError:
-                pass
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen([self.sshd, "-D", "-e", "-f", str(cfg)],
                                              stdout=log, stderr=log, stdin=subprocess.DEVNULL)
