@@ -8,7 +8,7 @@ listed in it is present with the right size and SHA-256 and nothing else is pres
 
 Usage:
   pull_verified.py --source [HOST:]ROOT --dest DIR [--rsh "ssh -F cfg"] [--manifest NAME]
-                   [--transport auto|rsync|tar] [--jobs N] [--bwlimit KBPS] [--fresh] [--json]
+                   [--transport auto|rsync|tar] [--jobs N] [--bwlimit KBPS] [--fresh] [--stall-seconds S] [--json]
 
   python3 pull_verified.py --source gpu-box:/workspace/durable/results/run-42 --dest ./pulled
   python3 pull_verified.py --source /mnt/nfs/results/run-42 --dest ./pulled      # a local path
@@ -24,7 +24,8 @@ What it does, in order:
      otherwise one tar stream (`tar -ch` on the node over ssh, or locally; python3's tarfile where there
      is no tar: the summary's transfer.packer says which), unpacked member by member
      with only listed regular files accepted, resumable per file: files already in staging with the
-     manifest's size and hash are not sent again. The summary says which transport ran;
+     manifest's size and hash are not sent again. The summary says which transport ran. A transfer that
+     receives no byte for --stall-seconds S (default 300) is ended as STALLED, keeping what arrived;
   3. verifies the staging tree in parallel: missing, extra, truncated or oversized files, changed
      bytes, symlinks and special files each get their own FAIL line naming the file. Files that fail
      are moved into .rsync-partial so the next run re-fetches only the blocks that differ;

@@ -10,7 +10,8 @@ It passes only when all of these hold:
      The manifest is always recomputed on the node now, never taken from a stored or local copy: our
      build_pull_manifest.py is streamed to `python3 -` over ssh (or run locally for a local ROOT) with
      the roster and run id recorded in the pulled manifest, writing nothing on the node; so a file
-     changed, added or deleted after the pull is caught even when nobody rebuilt the stored manifest;
+     changed, added or deleted after the pull is caught even when nobody rebuilt the stored manifest
+     (a node that prints nothing for --stall-seconds S, default 300, while re-hashing is a refusal);
   3. every pulled file still verifies locally (re-hashed; no missing, extra or changed files);
   4. each --load-check command exits 0 for every pulled file matching --load-glob (default: *.pt,
      *.pth, *.ckpt, *.safetensors at any depth). "{}" in the command becomes the file's path; the
@@ -24,7 +25,7 @@ Usage:
   teardown_gate.py --pulled DEST/<run_id> --profile NAME
                    --source [HOST:]ROOT [--rsh "ssh -F cfg"]
                    [--load-check "CMD {}"]... [--inspect] [--load-glob GLOB]... [--load-timeout S] [--jobs N]
-                   [--json]
+                   [--stall-seconds S] [--json]
 
   python3 teardown_gate.py --pulled ./pulled/run-42 --source gpu-box:/workspace/durable/results/run-42 \\
       --profile runpod --load-check "python3 check_ckpt.py {}"

@@ -38,6 +38,8 @@ STRICT = os.environ.get("RGT_REQUIRE_ALL") == "1"
 # toolkit version check of their own (test_help and test_toolkit skip them for those checks; test_help holds
 # that each still has no command line). A module that gains a main() leaves this list and gets its help text.
 LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", "destructive.py", "sessions.py")
+# The same in tools/: modules the tests and the demo import (the provider stand-in APIs), never run.
+TOOL_LIBRARIES = ("provider_standins.py",)
 
 # How to get each system program a test may need (Debian/Ubuntu package names; .ci/run installs them).
 HOW_TO_GET = {

@@ -12,14 +12,16 @@ import sys
 
 import pytest
 
-from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOLS
+from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOL_LIBRARIES, TOOLS
 
 sys.path.insert(0, str(NODE))
 import rgt_core as core  # noqa: E402
 
-LIBRARIES = set(LIBRARY_MODULES)  # imported, never run: no --help (test_a_library_module_has_no_command_line)
+# Imported, never run: no --help (test_a_library_module_has_no_command_line holds them to that).
+LIBRARY_PATHS = sorted([NODE / name for name in LIBRARY_MODULES] + [TOOLS / name for name in TOOL_LIBRARIES])
+LIBRARIES = {p.name for p in LIBRARY_PATHS}
 PYTHON = sorted([p for p in SCRIPTS.glob("*.py")] + [p for p in NODE.glob("*.py") if p.name not in LIBRARIES]
-                + sorted(TOOLS.glob("*.py")) + sorted((REPO / "evals").glob("*.py")))
+                + [p for p in TOOLS.glob("*.py") if p.name not in LIBRARIES] + sorted((REPO / "evals").glob("*.py")))
 SHELL = sorted(NODE.glob("*.sh"))
 
 # PENDING_LEAD: the lead is rewriting these node tools (issue 30 leaves them to the lead; supervise.py, the fifth,
@@ -135,8 +137,8 @@ def docstring_problems(path):
     return []
 
 
-@pytest.mark.parametrize("path", [p for p in PYTHON + [NODE / n for n in sorted(LIBRARIES)]
-                                  if p.name not in PENDING_LEAD], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in PYTHON + LIBRARY_PATHS if p.name not in PENDING_LEAD],
+                         ids=lambda p: p.name)
 def test_docstring_opens_with_one_line(path):
     assert docstring_problems(path) == []
 
@@ -151,11 +153,11 @@ def has_main_block(path):
 
 
 # The core answers `--version` (rgt.py push) and `--run-state` (teardown_gate.py): not a tool a person calls.
-@pytest.mark.parametrize("name", sorted(LIBRARIES - {"rgt_core.py"}))
-def test_a_library_module_has_no_command_line(name):
-    """The help checks skip LIBRARY_MODULES; that is only right while they cannot be run."""
-    assert not has_main_block(NODE / name), \
-        "%s runs as a script: take it off LIBRARY_MODULES (tests/conftest.py) and give it help text" % name
+@pytest.mark.parametrize("path", [p for p in LIBRARY_PATHS if p.name != "rgt_core.py"], ids=lambda p: p.name)
+def test_a_library_module_has_no_command_line(path):
+    """The help checks skip LIBRARY_MODULES and TOOL_LIBRARIES; that is only right while they cannot be run."""
+    assert not has_main_block(path), \
+        "%s runs as a script: take it off its list in tests/conftest.py and give it help text" % path.name
 
 
 def test_epilog_helper_names_every_code():
