@@ -9,7 +9,7 @@ import os
 from conftest import NODE, SCRIPTS, TOOLS, path_without
 
 PHASES = ["probe", "gate", "dead-man", "run", "interrupt", "resume", "manifest", "pull", "verify", "teardown gate",
-          "dead-man fires"]
+          "dead-man fires", "verified stop"]
 
 
 def live_deadmen(workdir):
