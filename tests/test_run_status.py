@@ -57,7 +57,7 @@ def make_run(root, state=None, pid=None, exit_code=None, step=None, total=None, 
     run = Path(root) / "run"
     run.mkdir()
     now = time.time()
-    (run / "run.json").write_text(json.dumps({"run_id": "r1", "cmd": ["python3", "train.py"], "cwd": "/tmp",
+    (run / "run.json").write_text(json.dumps({"run_id": "r1", "cmd": ["python3", "train.py"], "cwd": str(root),
                                               "profile": "local", "host": host or socket.gethostname(),
                                               "created_at": iso(now - started_ago), "outputs": []}))
     if state is not None:
