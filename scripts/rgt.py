@@ -38,7 +38,8 @@ patrol: the scheduled check-in (Claude Code `/loop 30m`, cron, an automation): r
 for every run of HOST not yet through the gate (or the RIDs given), a short report every time (state,
 step/ETA, newest checkpoint age, disk headroom, dead-man, cost so far). Exit 0 when every run is healthy,
 in progress or cleanly done; 10 to escalate (stalled, failed, sync_failed, dead-man fired or down,
-finished but unwatched, disk below --min-free-gb, default 10).
+finished but unwatched, disk below --min-free-gb, default the toolkit's one disk floor,
+rgt_core.DEFAULT_DISK_FLOOR_GB).
 
 launch: everything after the first `--` up to a second `--` goes to run_one.sh unchanged (its
 output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); the words after the
@@ -982,7 +983,9 @@ def build_parser():
     p = host_cmd("patrol", "the scheduled check-in: one round trip, a short report, exit 10 to escalate")
     p.add_argument("run_ids", nargs="*", metavar="RID", help="runs to check (default: the ledger's open runs)")
     p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
-    p.add_argument("--min-free-gb", type=float, default=10.0, help="escalate below this much free disk")
+    p.add_argument("--min-free-gb", type=float, default=core.DEFAULT_DISK_FLOOR_GB,
+                   help="escalate below this much free disk, GiB (default %g: the toolkit's one floor, "
+                        "rgt_core.DEFAULT_DISK_FLOOR_GB)" % core.DEFAULT_DISK_FLOOR_GB)
     p = host_cmd("logs", "the tail of a run's log", run_id=True)
     p.add_argument("--lines", type=int, default=40, help="lines from the end (default 40)")
     p.add_argument("--log", choices=("job", "supervisor", "deadman"), default="job",

@@ -10,6 +10,8 @@ Usage:
   run_forensics.py diff RUN_A RUN_B [--all] [--json]
   run_forensics.py curve RUN --metric NAME [--mode min|max] [--log-regex RE]... [--window N] [--z Z]
                          [--flat-k K] [--flat-tol T] [--decline F] [--json]
+  run_forensics.py plot RUN [RUN...] --metric NAME --out FILE.png [--mode min|max] [--log-regex RE]...
+                        [--window N] [--z Z] [--size WxH] [--json]
   run_forensics.py steps FILE [--log-regex RE]...
 
   list   for each run (a folder of runs lists each child run; a folder whose wandb/ holds several
@@ -30,6 +32,15 @@ Usage:
            nonfinite   NaN or inf values (the first step and how many)
            flat        the last --flat-k (default 20) points do not change by more than --flat-tol
                        (default 1e-6) relative to their size
+  plot   a PNG of one metric for one or more runs (a folder of runs draws each), to show the user rather
+         than describe: each run's curve (the last value of each step), the best step as a star, spikes (as
+         curve finds them) as red triangles, NaN/inf steps as red crosses along the top, and each resume as
+         a dashed line at the step the log went back to (a step logged again; or, in job.log, the first step
+         after the supervisor's `starting:` line of a later attempt), with the values the earlier attempt
+         had logged for those steps as faint dots. The legend names each run's attempts (previous/ holds the
+         earlier ones); a run with several attempts but no step logged twice gets a NOTE instead of a line.
+         Needs matplotlib (pip install matplotlib); without it, exit 4 and one line, nothing read or written.
+         The file is written atomically at --size pixels (default 1280x720)
   steps  one *.jsonl or *.csv metrics FILE read as list and curve read it (the last value logged for
          each step, in step order), printed as JSON lines: {"step": S, "NAME": VALUE}, each name's
          points together; scripts/repro.py checks a re-run's numbers against this, so a resumed
@@ -80,12 +91,14 @@ Sources read in a run dir (walked 4 levels deep; previous/ attempts and logs/ ar
                  WANDB_API_KEY is set in the environment (the key is never printed)
 
 Exit codes: 0 ok; 1 curve findings that warrant a look; 2 usage; 3 a needed package is missing
-or the run has no readable source for the metric. list exits 3 as curve does when none of the runs
-it lists has the metric, or (without --metric) has any metric at all, e.g. a run with no source;
-runs that have one are still printed, and the others are shown as MISSING / NO METRICS.
+or the run has no readable source for the metric; 4 plot without matplotlib. list and plot exit 3 as
+curve does when none of the runs has the metric, or (list without --metric) has any metric at all,
+e.g. a run with no source; runs that have one are still printed or drawn, the others shown as MISSING /
+NO METRICS. plot draws findings, it does not judge them: 0 with spikes on the picture (curve exits 1).
 """
 import argparse
 import csv
+import io
 import json
 import math
 import os
@@ -98,6 +111,7 @@ import zlib
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
 import rgt_core as core  # noqa: E402
 import run_env  # noqa: E402  (clean_url: a W&B record's git remote may hold a credential)
+import runrec  # noqa: E402  (attempt_number: the attempts a run dir's previous/ holds)
 
 PROG = "run_forensics.py"
 EXIT_MISSING = 3
@@ -106,6 +120,7 @@ SKIP_DIRS = {"previous", "logs", "__pycache__", "node_modules", ".git"}
 MAX_DEPTH = 4
 LOG_NAMES = ("job.log", "logs/job.log")   # the node run dir's stdout, and the copy a pull brings back
 SUPERVISOR_MARK = "[rgt "                  # supervise.py's own lines in job.log: "[rgt 13:01:54] ..."
+SUPERVISOR_START = "] starting: "          # ... and the one it writes as each attempt starts the job
 NANOGPT_HINT = "--log-regex 'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)'"
 CONFIG_NAMES = ("config.json", "config.yaml", "config.yml", "hparams.yaml", "hparams.yml", "hparams.json",
                 "args.json", "args.yaml", "resolved_config.json", "resolved_config.yaml")
@@ -231,17 +246,23 @@ def log_files(path):
     return [rel for rel in LOG_NAMES if os.path.isfile(os.path.join(path, *rel.split("/")))]
 
 
-def log_series(path, regexes):
+def log_series(path, regexes, resumes=None):
     """One (series, unreadable) per regex over the lines of the text log PATH: series {name: [(step, value)]}
     with the last value of each step, unreadable [count, first line] of matching lines whose step or a value
-    is not a number. A carriage return ends a line (progress bars); supervisor lines are skipped."""
+    is not a number. A carriage return ends a line (progress bars); supervisor lines are skipped, but a
+    supervisor's `starting:` line after some points marks the next step as a restart. RESUMES (a list, one
+    {} per regex), when given, gets {name: dedupe's resume} for each regex."""
     found = [({}, [0, None]) for _rx in regexes]
+    starts = [[] for _rx in regexes]     # per regex: the first step after each later attempt's start
+    pending = [False for _rx in regexes]
     with open(path, encoding="utf-8", errors="replace") as handle:  # universal newlines: \r splits too
         for line in handle:
             line = line.rstrip("\n")
+            if line.startswith(SUPERVISOR_MARK) and SUPERVISOR_START in line:
+                pending = [bool(series) for series, _bad in found]
             if not line or line.startswith(SUPERVISOR_MARK):
                 continue
-            for rx, (series, bad) in zip(regexes, found):
+            for index, (rx, (series, bad)) in enumerate(zip(regexes, found)):
                 match = rx.search(line)
                 if not match:
                     continue
@@ -254,10 +275,23 @@ def log_series(path, regexes):
                 if step is None or not math.isfinite(step):
                     continue
                 step = int(step) if step == int(step) else step
+                if pending[index]:
+                    starts[index].append(step)
+                    pending[index] = False
                 for name, value in values:
                     if value is not None:
                         series.setdefault(name, []).append((step, value))
-    return [({k: dedupe(v) for k, v in series.items()}, bad) for series, bad in found]
+    out = []
+    for index, (series, bad) in enumerate(found):
+        deduped = {}
+        for name, points in series.items():
+            resume = {}
+            deduped[name] = dedupe(points, resume)
+            if resumes is not None:
+                resume["restarts"] = resume["restarts"] + [s for s in starts[index] if s not in resume["restarts"]]
+                resumes[index][name] = resume
+        out.append((deduped, bad))
+    return out
 
 
 def load_logs(run, regexes):
@@ -271,7 +305,8 @@ def load_logs(run, regexes):
         return
     for rel in files:
         try:
-            found = log_series(os.path.join(run.path, *rel.split("/")), regexes)
+            resumes = [{} for _rx in regexes]
+            found = log_series(os.path.join(run.path, *rel.split("/")), regexes, resumes)
         except OSError as exc:
             say("skipped %s: %s" % (rel, exc.strerror or exc))
             continue
@@ -286,7 +321,7 @@ def load_logs(run, regexes):
                 continue
             run.sources.append(label)
             for name, points in sorted(series.items()):
-                run.add_series(label, name, points)
+                run.add_series(label, name, points, resumes[index - 1].get(name))
 
 
 def log_hint(run, regexes):
@@ -313,17 +348,20 @@ class Run(object):
         self.notes = []
         self.unreadable = []  # sources a missing package kept closed
         self.log_notes = []   # what --log-regex found wanting (also in notes)
+        self.resumes = {}     # name (and SOURCE:name) -> dedupe's resume: restart steps, replaced points
 
-    def add_series(self, source, name, points):
+    def add_series(self, source, name, points, resume=None):
         if not points:
             return
         qualified = "%s:%s" % (source, name)
         self.series[qualified] = points
         self.origin[qualified] = source
+        self.resumes[qualified] = resume or {}
         if name not in self.bare:
             self.bare.append(name)
             self.series[name] = points
             self.origin[name] = source
+            self.resumes[name] = resume or {}
 
     def set_config(self, prefix, mapping):
         for key, value in flatten(mapping).items():
@@ -331,23 +369,39 @@ class Run(object):
                 self.config["%s.%s" % (prefix, key)] = value
 
 
-def dedupe(points):
-    """Keep the last value logged for each step (a resumed run logs some steps twice), in step order."""
+def dedupe(points, resume=None):
+    """Keep the last value logged for each step (a resumed run logs some steps twice), in step order.
+
+    RESUME ({}), when given, gets what the log order says about restarts: "restarts", each step at which
+    the log went back to a step it had already reached (the step a resumed attempt started again from),
+    and "replaced", the (step, value) points a later attempt logged again (what the earlier attempt had)."""
     last = {}
     order = []
+    restarts, replaced = [], []
+    previous = None
     for step, value in points:
+        try:
+            if previous is not None and step <= previous and step not in restarts:
+                restarts.append(step)
+        except TypeError:  # steps of mixed kinds: no order to read a restart from
+            pass
+        previous = step
         if step not in last:
             order.append(step)
+        else:
+            replaced.append((step, last[step]))
         last[step] = value
     try:
         order.sort()
     except TypeError:
         pass
+    if resume is not None:
+        resume.update(restarts=restarts, replaced=replaced)
     return [(s, last[s]) for s in order]
 
 
-def records_to_series(records):
-    """JSONL/CSV records -> {name: [(step, value)]}."""
+def records_to_series(records, resumes=None):
+    """JSONL/CSV records -> {name: [(step, value)]}; RESUMES ({}), when given, gets {name: dedupe's resume}."""
     out = {}
     for index, rec in enumerate(records):
         flat = flatten(rec) if isinstance(rec, dict) else {}
@@ -360,7 +414,9 @@ def records_to_series(records):
             value = as_number(raw)
             if value is not None:
                 out.setdefault(key, []).append((step, value))
-    return {k: dedupe(v) for k, v in out.items()}
+    if resumes is None:
+        return {k: dedupe(v) for k, v in out.items()}
+    return {k: dedupe(v, resumes.setdefault(k, {})) for k, v in out.items()}
 
 
 def read_jsonl(path):
@@ -461,14 +517,12 @@ def load_run(path, log_regexes=()):
                 if name.startswith("events.out.tfevents."):
                     if folder not in tb_dirs:
                         tb_dirs.append(folder)
-                elif lower.endswith(".jsonl"):
+                elif lower.endswith((".jsonl", ".csv")):
                     run.sources.append(rel)
-                    for key, pts in sorted(records_to_series(read_jsonl(full)).items()):
-                        run.add_series(rel, key, pts)
-                elif lower.endswith(".csv"):
-                    run.sources.append(rel)
-                    for key, pts in sorted(records_to_series(read_csv(full)).items()):
-                        run.add_series(rel, key, pts)
+                    resumes = {}
+                    records = read_jsonl(full) if lower.endswith(".jsonl") else read_csv(full)
+                    for key, pts in sorted(records_to_series(records, resumes).items()):
+                        run.add_series(rel, key, pts, resumes.get(key))
                 elif name == "run.json" and rel_dir == ".":
                     run.sources.append(rel)
                     load_run_json(run, core.load_json_strict(full, "run.json"))
@@ -547,7 +601,8 @@ def load_tensorboard(run, folder):
     run.sources.append(label)
     tags = acc.Tags()
     for tag in tags.get("scalars", []):
-        run.add_series(label, tag, dedupe([(ev.step, float(ev.value)) for ev in acc.Scalars(tag)]))
+        resume = {}
+        run.add_series(label, tag, dedupe([(ev.step, float(ev.value)) for ev in acc.Scalars(tag)], resume), resume)
     tensor_tags = [t for t in tags.get("tensors", []) if t not in run.series]
     if tensor_tags:
         try:
@@ -694,7 +749,8 @@ def load_wandb_folder(run, folder):
         if value not in (None, ""):
             run.config["wandb.%s" % key] = value
     for key, points in sorted(history.items()):
-        run.add_series(label, key, dedupe(points))
+        resume = {}
+        run.add_series(label, key, dedupe(points, resume), resume)
 
 
 # ---------------------------------------------------------------- W&B API (only with a key)
@@ -1119,6 +1175,159 @@ def steps_from_log(path, regexes):
     return print_steps(series)
 
 
+# ---------------------------------------------------------------- plot (matplotlib, only when asked)
+
+EXIT_NO_MATPLOTLIB = 4
+PLOT_SIZE = (1280, 720)   # pixels, at PLOT_DPI
+PLOT_DPI = 100
+
+
+def size_arg(text):
+    """An argparse type: WIDTHxHEIGHT in pixels, each 200..8000."""
+    match = re.match(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$", text)
+    if not match or not all(200 <= int(g) <= 8000 for g in match.groups()):
+        raise argparse.ArgumentTypeError("%r is not WIDTHxHEIGHT in pixels, each 200..8000 (e.g. 1280x720)" % text)
+    return int(match.group(1)), int(match.group(2))
+
+
+def load_matplotlib():
+    """(Figure, FigureCanvasAgg), imported only here so --help and the other commands never need them."""
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+    except ImportError as exc:
+        raise NoMatplotlib("plot needs matplotlib, which is not importable here (%s): pip install matplotlib, "
+                           "or read the same findings as text with `curve`" % (str(exc)[:120] or "ImportError"))
+    return Figure, FigureCanvasAgg
+
+
+class NoMatplotlib(Exception):
+    """plot without matplotlib: exit EXIT_NO_MATPLOTLIB."""
+
+
+def plot_facts(run, metric, mode, window, z_limit):
+    """What the picture of one run shows, as data: points, best, spikes, NaN/inf steps, restarts, attempts."""
+    points = metric_for(run, metric)
+    attempts = runrec.attempt_number(run.path) if os.path.isdir(run.path) else 1
+    entry = {"run": run.path, "name": run.label, "missing": points is None, "attempts": attempts,
+             "source": run.origin.get(metric), "notes": run.notes}
+    if points is None:
+        return entry, None
+    stats = best_last(points, mode)
+    findings = curve_findings(points, mode, window, z_limit, flat_k=10 ** 9)  # flat tails are for `curve`
+    resume = run.resumes.get(metric) or {}
+    entry.update(points=stats["points"], best=stats["best"], best_step=stats["best_step"], last=stats["last"],
+                 last_step=stats["last_step"],
+                 spikes=[f["step"] for f in findings if f["kind"] == "spike" and "value" in f],
+                 nonfinite_steps=[s for s, v in points if not math.isfinite(v)],
+                 restarts=list(resume.get("restarts") or []), replaced=len(resume.get("replaced") or []))
+    if attempts > 1 and not entry["restarts"]:
+        entry["notes"] = entry["notes"] + [
+            "%d attempts (previous/ holds %d), but no step was logged twice, so the resume points are not on "
+            "the curve" % (attempts, attempts - 1)]
+    return entry, (points, findings, resume)
+
+
+def draw(figure, metric, mode, drawn):
+    """One axes: each run's curve, earlier attempts' replaced points, restarts, spikes, NaN/inf, the best."""
+    from matplotlib.transforms import blended_transform_factory
+    ax = figure.add_subplot(1, 1, 1)
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    shown = set()
+
+    def once(kind):
+        if kind in shown:
+            return None
+        shown.add(kind)
+        return kind
+
+    for index, (entry, (points, _findings, resume)) in enumerate(drawn):
+        color = "C%d" % (index % 10)
+        finite = [(s, v) for s, v in points if math.isfinite(v)]
+        name = entry["name"] + (" (%d attempts)" % entry["attempts"] if entry["attempts"] > 1 else "")
+        ax.plot([s for s, _v in points], [v if math.isfinite(v) else float("nan") for _s, v in points], color=color,
+                linewidth=1.4, label=name, zorder=2)  # a NaN/inf point leaves a gap in the line
+        old = [(s, v) for s, v in resume.get("replaced") or () if math.isfinite(v)]
+        if old:
+            ax.scatter([s for s, _v in old], [v for _s, v in old], s=10, color=color, alpha=0.35, zorder=1,
+                       label=once("replaced by a later attempt"))
+        for step in entry["restarts"]:
+            ax.axvline(step, color=color, linestyle="--", linewidth=1.0, alpha=0.7, zorder=1,
+                       label=once("resume (a step logged again)"))
+        values = dict(finite)
+        spikes = [(s, values[s]) for s in entry["spikes"] if s in values]
+        if spikes:
+            ax.scatter([s for s, _v in spikes], [v for _s, v in spikes], s=70, marker="^", facecolors="none",
+                       edgecolors="red", linewidths=1.5, zorder=4, label=once("spike"))
+        if entry["nonfinite_steps"]:
+            ax.scatter(entry["nonfinite_steps"], [0.98] * len(entry["nonfinite_steps"]), transform=top, s=40,
+                       marker="x", color="red", zorder=4, label=once("NaN/inf"))
+        if entry["best_step"] is not None:
+            ax.scatter([entry["best_step"]], [entry["best"]], s=180, marker="*", color=color, edgecolors="black",
+                       linewidths=0.8, zorder=5, label=once("best"))
+            ax.annotate("best %s @ %s" % (fmt(entry["best"]), entry["best_step"]),
+                        (entry["best_step"], entry["best"]), textcoords="offset points", xytext=(6, 8 + 12 * index),
+                        fontsize=8, color=color)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title("%s (%s is better)" % (metric, "lower" if mode == "min" else "higher"))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+
+
+def cmd_plot(args):
+    out = args.out
+    if not out.lower().endswith(".png"):
+        raise core.UsageError("--out %s: give a .png file name" % out)
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise core.UsageError("--out %s: the folder %s does not exist" % (out, folder))
+    if os.path.isdir(out):
+        raise core.UsageError("--out %s is a directory" % out)
+    mode, how = resolve_mode(args.metric.split(":")[-1], args.mode)
+    if mode is None:
+        raise core.UsageError("cannot tell from the name whether higher or lower %r is better; give --mode min "
+                              "or --mode max" % args.metric)
+    figure_class, canvas_class = load_matplotlib()  # before reading runs: a missing package fails fast
+    regexes = args.log_regex or ()
+    runs = runs_from(args.runs, regexes)
+    entries, drawn = [], []
+    for run in runs:
+        entry, data = plot_facts(run, args.metric, mode, args.window, args.z)
+        entries.append(entry)
+        if data is not None:
+            drawn.append((entry, data))
+    if not drawn:
+        hints = [log_hint(r, regexes) for r in runs]
+        raise Missing("no run has %r%s" % (args.metric, next((h for h in hints if h), "")))
+    width, height = args.size
+    figure = figure_class(figsize=(width / float(PLOT_DPI), height / float(PLOT_DPI)), dpi=PLOT_DPI)
+    canvas_class(figure)
+    draw(figure, args.metric, mode, drawn)
+    figure.tight_layout()
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png", dpi=PLOT_DPI)  # no bbox_inches="tight": the size stays what was asked
+    core.atomic_write(out, buf.getvalue())
+    if args.json:
+        emit({"out": out, "metric": args.metric, "mode": mode, "mode_from": how, "size": [width, height],
+              "log_regex": [rx.pattern for rx in regexes], "runs": entries})
+        return 0
+    print("PLOT %s: %s (%s better, %s), %d of %d run(s) drawn, %dx%d px" % (
+        out, args.metric, "lower" if mode == "min" else "higher", how, len(drawn), len(entries), width, height))
+    for entry in entries:
+        if entry["missing"]:
+            print("  %-30s MISSING (no source logs it)" % entry["name"][:30])
+            continue
+        print("  %-30s best %s at step %s; last %s at step %s; %d spike(s); %d NaN/inf; resumes at %s; "
+              "%d attempt(s)" % (entry["name"][:30], fmt(entry["best"]), entry["best_step"], fmt(entry["last"]),
+                                 entry["last_step"], len(entry["spikes"]), len(entry["nonfinite_steps"]),
+                                 ", ".join(str(s) for s in entry["restarts"]) or "none", entry["attempts"]))
+    for entry in entries:
+        for line in entry["notes"]:
+            note("NOTE %s: %s" % (entry["name"], line))
+    return 0
+
+
 EXIT_EPILOG = core.exit_codes_epilog(__doc__)
 
 
@@ -1164,6 +1373,19 @@ def build_parser():
     p.add_argument("--decline", type=core.arg_number(float, 0.0, 1.0, low_open=True), default=0.1, metavar="F",
                    help="fall from the best, as a share of the range, that makes an early peak (default 0.1)")
     p.add_argument("--json", **json_out)
+    p = command("plot", "a PNG of one metric for one or more runs: spikes, resumes, best step marked")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run dirs (a folder of runs draws each), or wandb:E/P/ID")
+    p.add_argument("--metric", required=True, metavar="NAME", help="the metric to draw")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write (atomically; replaced if there)")
+    p.add_argument("--mode", **mode)
+    p.add_argument("--log-regex", **log_rx)
+    p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10, metavar="N",
+                   help="neighbours a spike is judged against, as in curve (default 10)")
+    p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0, metavar="Z",
+                   help="robust z-score above which a point is marked a spike, as in curve (default 6)")
+    p.add_argument("--size", type=size_arg, default=PLOT_SIZE, metavar="WxH",
+                   help="the image size in pixels (default %dx%d)" % PLOT_SIZE)
+    p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
     p = command("steps", "one metrics file, last value per step, as JSON lines")
     p.add_argument("file", metavar="FILE", help="a .jsonl or .csv metrics file, or a job.log read through --log-regex")
     p.add_argument("--log-regex", **log_rx)
@@ -1173,14 +1395,18 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if not args.command:
-        raise core.UsageError("give a command: list, diff, curve or steps")
+        raise core.UsageError("give a command: list, diff, curve, plot or steps")
     if getattr(args, "metric", None) is not None and not args.metric.strip():
         raise core.UsageError("--metric is empty")
     try:
-        return {"list": cmd_list, "diff": cmd_diff, "curve": cmd_curve, "steps": cmd_steps}[args.command](args)
+        return {"list": cmd_list, "diff": cmd_diff, "curve": cmd_curve, "plot": cmd_plot,
+                "steps": cmd_steps}[args.command](args)
     except Missing as exc:
         core.say_error(exc, PROG)
         return EXIT_MISSING
+    except NoMatplotlib as exc:
+        core.say_error(exc, PROG)
+        return EXIT_NO_MATPLOTLIB
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ Options:
                           github.com
   --network-target HOST[:PORT]   a target to check instead of the defaults (repeatable; implies --network)
   --network-timeout S     per-target timeout (default 4)
-  --min-free-gb N         gate: GiB free required on the data and durable dirs
+  --min-free-gb N         gate: GiB free required on the data and durable dirs (no default: the audit
+                          reports and gates only what it is asked; disk-gate below defaults to the floor)
   --min-free-inodes N     gate: free inodes required there (default, whenever a disk gate is asked
                           for: the toolkit's one floor, rgt_core.DEFAULT_MIN_FREE_INODES = 10000)
   --min-mem-gb N          gate: GiB of usable memory (min of cgroup limit and host RAM)
@@ -41,8 +42,11 @@ Options:
 
 disk-gate PATH... : the toolkit's disk gate (rgt_core.disk_gate) on each PATH's filesystem (a path
 that does not exist yet is measured on its nearest existing parent), one line per filesystem:
-  --min-free-gb N (default 0)  --min-free-inodes N (default 10000)  --writable DIR (repeatable:
-  a file must be creatable and removable there)  --json
+  --min-free-gb N (default: the toolkit's one floor, rgt_core.DEFAULT_DISK_FLOOR_GB = 10; 0 turns the
+  byte check off)  --min-free-inodes N (default 10000)  --writable DIR (repeatable: a file must be
+  creatable and removable there)  --json
+  The default is the floor, not off: a gate called without a number should refuse where a launch
+  would, never pass a full disk. (Before 2026-12 it was 0, which checked inodes only.)
   Exit 0 every check passed, 3 refused (each reason on stdout and stderr), 2 usage.
 
 What it reads: GPUs (nvidia-smi, hard timeout; CUDA version from its banner), torch (installed
@@ -906,8 +910,10 @@ def build_gate_parser():
                     epilog=core.exit_codes_epilog(ok="every check passed", fail=None,
                                                   refused="refused (reasons on stdout and stderr)"))
     p.add_argument("paths", nargs="+", metavar="PATH", help="a directory (or a file) whose filesystem is gated")
-    p.add_argument("--min-free-gb", type=non_negative(float), default=0.0, metavar="N",
-                   help="GiB that must be free (default 0)")
+    p.add_argument("--min-free-gb", type=non_negative(float), default=core.DEFAULT_DISK_FLOOR_GB, metavar="N",
+                   help="GiB that must be free (default %g, the toolkit's one floor, as run_one.sh and run_queue.sh "
+                        "use: a bare gate refuses where a launch would; it was 0 before 2026-12; 0 turns the byte "
+                        "check off)" % core.DEFAULT_DISK_FLOOR_GB)
     p.add_argument("--min-free-inodes", type=non_negative(int), default=core.DEFAULT_MIN_FREE_INODES, metavar="N",
                    help="free inodes required (default %d, the toolkit's one floor)" % core.DEFAULT_MIN_FREE_INODES)
     p.add_argument("--writable", action="append", default=[], metavar="DIR",

@@ -55,6 +55,11 @@ RUN_STATES = ("starting", "running", "stalled", "syncing", "succeeded", "failed"
               "interrupted", "deadman_fired")  # runrec.STATES is the same set, with its subsets
 
 DEFAULT_MIN_FREE_INODES = 10000
+# The one disk floor a launch or a queue cell is refused below (GiB free), when neither the flag, DISK_FLOOR_GB
+# nor the profile names one; the audit, the patrol and the gates read it here, the shell scripts through
+# `python3 rgt_core.py --default disk_floor_gb`.
+DEFAULT_DISK_FLOOR_GB = 10.0
+DEFAULTS = {"disk_floor_gb": DEFAULT_DISK_FLOOR_GB, "min_free_inodes": DEFAULT_MIN_FREE_INODES}
 DEFAULT_STALL_MINUTES = 30.0
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
 
@@ -1051,12 +1056,20 @@ def tar_unpack_shell(quote, dest_word):
 
 def _main(argv=None):
     """`python3 rgt_core.py --version`: print the stamped version when every file matches it (exit 0),
-    else the mismatches (exit 3). What the laptop's push runs on the node to prove the copy."""
-    parser = Parser(prog="rgt_core.py", description="The node toolkit's shared core.")
+    else the mismatches (exit 3). What the laptop's push runs on the node to prove the copy.
+    `--default NAME` prints one of the toolkit's defaults (DEFAULTS), for the shell scripts to read."""
+    parser = Parser(prog="rgt_core.py", description="The node toolkit's shared core.",
+                    epilog=exit_codes_epilog(fail=None, refused="the toolkit's files are not one version"))
     parser.add_argument("--version", action="store_true", help="print the toolkit version after checking it")
     parser.add_argument("--run-state", metavar="RUN_DIR",
                         help="print whether any attempt of the run in RUN_DIR may still run (JSON; the gate asks)")
+    parser.add_argument("--default", choices=sorted(DEFAULTS), metavar="NAME",
+                        help="print a toolkit default: %s" % ", ".join(
+                            "%s (%g)" % (k, v) for k, v in sorted(DEFAULTS.items())))
     args = parser.parse_args(argv)
+    if args.default:
+        print("%g" % DEFAULTS[args.default])
+        return EXIT_OK
     if args.run_state:
         emit_json(run_activity(args.run_state))
         return EXIT_OK

@@ -55,8 +55,10 @@
 # state, watch commands, results dir) as one JSON object on stdout; with --wait, after the run,
 # with its final state, exit code and sync outcome under "final".
 #
-# Extra knobs (environment): DISK_FLOOR_INODES (default 10000 free inodes), RGT_PROFILE (profile
-# when --profile is absent), RGT_PROFILE_INDEX (path of index.json). --deadman-arg passes one
+# The disk floor: --disk-floor-gb N, else DISK_FLOOR_GB (environment, then the profile), else the
+# toolkit's one floor (`python3 rgt_core.py --default disk_floor_gb` prints it).
+# Extra knobs (environment): DISK_FLOOR_INODES (default: the toolkit's inode floor,
+# `python3 rgt_core.py --default min_free_inodes`), RGT_PROFILE (profile when --profile is absent), RGT_PROFILE_INDEX (path of index.json). --deadman-arg passes one
 # argument through to `deadman.py arm` (e.g. --deadman-arg --allow-destructive).
 #
 # Exit codes: 0 launched (or, with --wait, the job and its sync succeeded); with --wait the job's
@@ -215,11 +217,18 @@ while [ ! -e "$there" ] && [ ! -L "$there" ]; do there=$(dirname "$there"); done
 [ -d "$there" ] || die "cannot use run dir $RUN_DIR: $there is not a directory"
 
 # ---------------------------------------------------------------------------------- gates
-FLOOR=${FLOOR_ARG:-${DISK_FLOOR_GB:-10}}
-is_num "$FLOOR" || die "DISK_FLOOR_GB must be a number, got '$FLOOR'"
-INODE_FLOOR=${DISK_FLOOR_INODES:-10000}
-[[ "$INODE_FLOOR" =~ ^[0-9]+$ ]] || die "DISK_FLOOR_INODES must be an integer, got '$INODE_FLOOR'"
-gate=(disk --floor-gb "$FLOOR" --floor-inodes "$INODE_FLOOR")
+# Unset floors are left to supervise.py disk, whose defaults are rgt_core's (the toolkit's one floor each).
+gate=(disk)
+FLOOR=${FLOOR_ARG:-${DISK_FLOOR_GB:-}}
+if [ -n "$FLOOR" ]; then
+  is_num "$FLOOR" || die "DISK_FLOOR_GB must be a number, got '$FLOOR'"
+  gate+=(--floor-gb "$FLOOR")
+fi
+INODE_FLOOR=${DISK_FLOOR_INODES:-}
+if [ -n "$INODE_FLOOR" ]; then
+  [[ "$INODE_FLOOR" =~ ^[0-9]+$ ]] || die "DISK_FLOOR_INODES must be an integer, got '$INODE_FLOOR'"
+  gate+=(--floor-inodes "$INODE_FLOOR")
+fi
 # the end-of-run sync writes here: a read-only or unwritable durable dir is refused now, not after the GPU hours
 [ -n "${DURABLE_DIR:-}" ] && gate+=("--writable=$DURABLE_DIR/results")
 gate_paths=("$RUN_DIR")

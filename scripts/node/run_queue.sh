@@ -5,11 +5,14 @@
 # Usage:
 #   run_queue.sh [options] QUEUE_FILE
 #     --queue-dir DIR       state directory (default: QUEUE_FILE without extension + ".queue")
-#     --disk-floor-gb N     refuse a cell when free space is below N GiB (default $DISK_FLOOR_GB or 1);
-#                           measured on $DATA_DIR when set (its nearest existing parent if it is
-#                           not created yet), else the current directory
+#     --disk-floor-gb N     refuse a cell when free space is below N GiB (default $DISK_FLOOR_GB, else
+#                           the toolkit's one floor, as run_one.sh: `python3 rgt_core.py --default
+#                           disk_floor_gb`; it was 1 before 2026-12); measured on $DATA_DIR when set
+#                           (its nearest existing parent if it is not created yet), else the current
+#                           directory
 #     --inode-floor N       refuse a cell below N free inodes (default: the toolkit's one inode floor,
-#                           10000; skipped on filesystems that report no inode count)
+#                           `python3 rgt_core.py --default min_free_inodes`; skipped on filesystems
+#                           that report no inode count)
 #     --stop-grace S        when the queue is stopped, give the running cell's process group S seconds
 #                           after SIGTERM before SIGKILL (default 20: below the dead-man's 30 s job grace,
 #                           so under run_one.sh the queue's own SIGKILL of the cell comes first)
@@ -73,7 +76,7 @@ NODE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 QUEUE_FILE=""
 QUEUE_DIR=""
 QUEUE_DIR_SET=0
-FLOOR_GB="${DISK_FLOOR_GB:-1}"
+FLOOR_GB="${DISK_FLOOR_GB:-}"   # empty: the toolkit's floor, read from rgt_core.py below
 INODE_FLOOR=""
 STOP_GRACE=20
 STOP_ON_FAIL=0
@@ -126,6 +129,10 @@ if [ "$#" -gt 0 ]; then
 fi
 [ -n "$QUEUE_FILE" ] || die "usage: run_queue.sh [options] QUEUE_FILE (see --help)"
 [ -f "$QUEUE_FILE" ] && [ -r "$QUEUE_FILE" ] || die "queue file not found or unreadable: $QUEUE_FILE"
+if [ -z "$FLOOR_GB" ]; then
+    FLOOR_GB=$(timeout -k 5 30 "$PYTHON" "$NODE_DIR/rgt_core.py" --default disk_floor_gb 2>/dev/null) ||
+        die "cannot read the toolkit's disk floor (\"$PYTHON\" \"$NODE_DIR/rgt_core.py\" --default disk_floor_gb): pass --disk-floor-gb N"
+fi
 is_number "$FLOOR_GB" || die "--disk-floor-gb must be a number of GB, got '$FLOOR_GB'"
 if [ "$QUEUE_DIR_SET" -eq 1 ] && [ -z "$QUEUE_DIR" ]; then die "--queue-dir is empty"; fi
 [ -z "$INODE_FLOOR" ] || is_uint "$INODE_FLOOR" || die "--inode-floor must be a whole number, got '$INODE_FLOOR'"
