@@ -612,3 +612,62 @@ def test_an_unknown_gpu_reading_counts_as_busy_but_the_cap_still_holds(tmp_path)
     state = json.loads((tmp_path / "w" / "idle_watch.json").read_text())
     assert fired["reason"] == "max_hours" and calls_of(calls) == ["stop "]
     assert any("no reading" in b for b in state["busy"]), state
+
+
+# ----------------------------------------------------------------------------- the drills through a real launch
+
+@pytest.mark.drill("no-effect stop is NOT CONFIRMED")
+@pytest.mark.drill("shebang-less stop script runs")
+def test_a_real_launch_whose_shebang_less_stop_stops_nothing_escalates(tmp_path):
+    """run_one.sh launches a job that ends; its dead-man runs a stop script with no #! line (through /bin/sh),
+    which exits 0 and stops nothing: NOT CONFIRMED, retried, escalated, and run_status says so."""
+    stop, calls = stand_in(tmp_path, shebang=False)
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir", str(durable),
+                          "--run-id", "noeffect", "--disk-floor-gb", "0", "--grace-minutes", "0.005",
+                          "--poll-seconds", "0.1", "--deadman-arg", "--stop-cmd", "--deadman-arg", stop,
+                          "--deadman-arg", "--confirm-seconds", "--deadman-arg", "0.3",
+                          "--deadman-arg", "--retries", "--deadman-arg", "2",
+                          "--deadman-arg", "--retry-backoff", "--deadman-arg", "0", "--wait", "--", "true"],
+                         cwd=str(work), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = durable / "runs" / "noeffect"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        fired = json.loads((run / "DEADMAN_FIRED.json").read_text()) if (run / "DEADMAN_FIRED.json").exists() else {}
+        if fired.get("message"):
+            break
+        time.sleep(0.1)
+    assert fired.get("confirmed") is False and fired["ok"] is False, fired
+    assert len(calls_of(calls)) == 2 and all(a.get("via_sh") for a in fired["attempts"])
+    assert fired["escalations"]
+    out = subprocess.run([sys.executable, RUN_STATUS, str(run), "--no-gpu"], capture_output=True, text=True)
+    assert "STOP NOT CONFIRMED" in out.stdout
+
+
+@pytest.mark.drill("full disk during grace: stop still runs")
+def test_a_real_launch_on_a_durable_disk_the_job_fills_still_stops_the_meter(tmp_path):
+    """The job fills the durable disk (a 2 MiB tmpfs) and exits 0: the sync fails, and the dead-man, whose run
+    dir is on that full disk, still runs the stop after its grace."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        missing("the full-disk drill mounts a tmpfs: run the tests as root (CI does)")
+    durable = tmp_path / "durable"
+    durable.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(durable)]).returncode != 0:
+        missing("mount -t tmpfs failed here (a container without CAP_SYS_ADMIN)")
+    try:
+        stop, calls = stand_in(tmp_path)
+        work = tmp_path / "work"
+        work.mkdir()
+        fill = "dd if=/dev/zero of=%s/fill bs=64k 2>/dev/null; echo trained > model.txt; exit 0" % durable
+        subprocess.run(["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir", str(durable),
+                        "--run-id", "full", "--disk-floor-gb", "0", "--grace-minutes", "0.01", "--poll-seconds",
+                        "0.1", "--output", "model.txt", "--deadman-arg", "--stop-cmd", "--deadman-arg", stop,
+                        "--", "sh", "-c", fill], cwd=str(work), capture_output=True, text=True, timeout=120)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not calls_of(calls):
+            time.sleep(0.1)
+        assert calls_of(calls) == ["stop "], "the stop never ran on a full durable disk"
+    finally:
+        subprocess.run(["umount", "-l", str(durable)])
