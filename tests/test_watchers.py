@@ -495,7 +495,7 @@ def test_finding_review_B3_the_re_arm_keeps_every_setting(tmp_path):
                "--fallback-stop-cmd", fallback, "--pre-stop-cmd", pre, "--pre-stop-timeout", "33",
                "--retries", "5", "--retry-backoff", "4", "--stop-timeout", "66", "--confirm-seconds", "20",
                "--term-grace-seconds", "11", "--sync-wait-seconds", "44", "--poll-seconds", "3", "--dry-run",
-               "--registry", str(tmp_path / "reg"), "--stop-cmd", stop]
+               "--repeat-minutes", "5", "--registry", str(tmp_path / "reg"), "--stop-cmd", stop]
     first = cfg_for(run, *options)
     again = cfg_for(run, *deadman.cfg_to_argv(first))
     for key in ("identity",):
@@ -581,9 +581,23 @@ def test_notif_drill_the_dead_man_fires_and_the_escalation_reaches_the_webhook(t
         env = dict(os.environ, RGT_NOTIFY_CONFIG=str(config), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
         stop, _calls = stand_in(tmp_path)
         run = finished_run(tmp_path, run_id="n1")
-        res = arm_fg(run, "--grace-minutes", "0", "--stop-cmd", stop, "--confirm-seconds", "0.2", "--retries", "1",
-                     env=env)
-        assert res.returncode == 1, res.stderr
+        armed = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
+                                  "--foreground", "--grace-minutes", "0", "--stop-cmd", stop, "--confirm-seconds",
+                                  "0.2", "--retries", "1", "--repeat-minutes", "0.002"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            # STOP NOT CONFIRMED is repeated until someone acknowledges it
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and [h.get("event") for h in heard].count("stop_not_confirmed") < 2:
+                time.sleep(0.05)
+            subprocess.run([sys.executable, DEADMAN, "ack", "--run-dir", str(run)], capture_output=True, check=True)
+            _out, err = armed.communicate(timeout=60)
+        finally:
+            if armed.poll() is None:
+                armed.kill()
+                armed.wait()
+        assert armed.returncode == 1, err
+        assert "acknowledged" in (run / "deadman.log").read_text()
     finally:
         server.shutdown()
         server.server_close()

@@ -55,7 +55,8 @@ Usage:
                  [--allow-destructive] [--fallback-stop-cmd "ARGV"] [--pre-stop-cmd "ARGV"]
                  [--pre-stop-timeout 300] [--retries 3] [--retry-backoff 10] [--stop-timeout 120]
                  [--confirm-seconds S] [--term-grace-seconds 30] [--sync-wait-seconds 300]
-                 [--job-pid PID] [--poll-seconds 30] [--registry DIR] [--dry-run] [--foreground] [--json]
+                 [--job-pid PID] [--poll-seconds 30] [--repeat-minutes 15] [--registry DIR] [--dry-run]
+                 [--foreground] [--json]
   deadman.py ack --run-dir DIR [--postpone-minutes M | --disarm] [--json]
   deadman.py status --run-dir DIR [--json]
 
@@ -362,7 +363,41 @@ class Watcher(object):
             rc = last_resort_stop(cfg, self.log)
             self.fired["last_resort_rc"] = rc
             self.save_fired()
+        if rc != 0 and not cfg["dry_run"] and send is not None:
+            self.keep_telling(send)
         return self.finish(0 if rc == 0 else 1)
+
+    def keep_telling(self, send):
+        """The stop failed or was not confirmed, and someone can be told: repeat STOP NOT CONFIRMED until an ACK
+        (notify.should_repeat: every --repeat-minutes, the gap doubling, at most 8 messages), then exit."""
+        import notify
+        told = [n for n in self.fired.get("notified") or [] if n.get("sent") or n.get("spooled")]
+        if not told:
+            return   # nobody configured to hear it: lingering would tell no one
+        state = {"count": 1, "last_sent": time.time(), "every_s": (self.cfg.get("repeat_minutes") or 15.0) * 60}
+        self.state = "telling"
+        self.write_state()
+        start_ack = core.read_json(self.p("ACK")).get("at")
+        while not self.stop_requested:
+            ack = core.read_json(self.p("ACK"))
+            if ack.get("at") and ack.get("at") != start_ack:
+                state["acknowledged"] = True
+                self.log("acknowledged: no more STOP NOT CONFIRMED messages")
+                break
+            now = time.time()
+            if notify.should_repeat(state, now):
+                send("stop_not_confirmed", {"why": "still NOT CONFIRMED: " + str(self.fired.get("message")),
+                                            "repeat": state["count"] + 1})
+                state = notify.note_repeat(state, now)
+                self.fired["repeats"] = state["count"] - 1
+                self.save_fired()
+            elif state["count"] >= notify.REPEAT_MAX_COUNT:
+                self.log("told %d times; no more messages" % state["count"])
+                break
+            wake = time.monotonic() + self.cfg["poll_seconds"]
+            while not self.stop_requested and not self.check_now and time.monotonic() < wake:
+                time.sleep(min(0.5, self.cfg["poll_seconds"]))
+            self.check_now = False
 
     def finish(self, rc):
         self.write_state({"exit_code": rc})
@@ -715,6 +750,9 @@ WATCH_OPTIONS = [
      "then wait this long for the supervisor's durable sync to finish (300)"),
     ("poll_seconds", "--poll-seconds", "float+", 30.0, "check interval in seconds (30)"),
     ("dry_run", "--dry-run", "flag", False, "on firing, record what would happen; signal and run nothing"),
+    ("repeat_minutes", "--repeat-minutes", "float+", 15.0,
+     "after a stop that failed or was not confirmed, repeat the message this often (the gap doubles; at most "
+     "8; until an ACK) when notify.py has a target (15)"),
     ("registry", "--registry", "str", None,
      "the box's run registry (default $RGT_REGISTRY, else ~/.rgt/registry): other runs it lists hold the stop off"),
 ]

@@ -30,7 +30,7 @@ Usage:
                     [--runs-dir DIR]... [--poll-seconds S] [--gpu-timeout S] [--no-gpu] [--ignore-ssh]
                     [--max-hours H] [--fallback-stop-cmd CMD] [--pre-stop-cmd CMD] [--pre-stop-timeout S]
                     [--retries N] [--retry-backoff S] [--stop-timeout S] [--confirm-seconds S]
-                    [--ssh-idle-minutes M] [--ssh-wait-max-minutes M] [--registry DIR]
+                    [--ssh-idle-minutes M] [--ssh-wait-max-minutes M] [--repeat-minutes M] [--registry DIR]
                     [--allow-destructive] [--dry-run] [--foreground] [--json]
   idle_watch.py status --watch-dir DIR [--json]
   idle_watch.py disarm --watch-dir DIR
