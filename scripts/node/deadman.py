@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""On-node dead-man switch: stop the meter when nobody is looking after the run.
+"""Once armed, the box's meter is stopped, confirmed or escalated when the run ends, stalls or passes its cap.
 
 Guarantee: once armed, the box's meter is stopped (and the stop confirmed or escalated) when the
 run is over, stalled or past its cap, and no error, full disk or read-only disk ends the watch first;
@@ -72,7 +72,6 @@ Exit codes:
 Minutes and hours accept floats (tests use --grace-minutes 0.01 --poll-seconds 0.05).
 Python 3.8+ standard library only; runs from the node folder beside rgt_core.py.
 """
-import argparse
 import errno
 import json
 import os
@@ -969,13 +968,18 @@ def cmd_status(args):
 
 
 def build_parser():
-    top = core.Parser(prog="deadman.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog="Run `deadman.py arm --help` for every option.")
+    codes = core.exit_codes_epilog(__doc__)
+    top = core.Parser(prog="deadman.py", description=core.help_description(__doc__), formatter_class=core.RawHelp,
+                      epilog="Run `deadman.py arm --help` for every option.\n\n" + codes)
     sub = top.add_subparsers(dest="cmd", parser_class=core.Parser)
 
     arm = sub.add_parser("arm", help="start watching a run dir (detaches unless --foreground)",
-                         epilog="Exit codes: 0 armed (or fired and stopped, with --foreground), 1 fired and the "
-                                "stop failed or was not confirmed, 2 usage, 3 refused.")
+                         formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(
+                             ok="armed (with --foreground: fired and the stop ran and was not disproved, a dry run "
+                                "that found a command, or disarmed)",
+                             fail="(--foreground) fired, and the stop failed, was not confirmed or refused, or no "
+                                  "stop command exists",
+                             refused="a live dead-man already watches this run dir, or the stop cannot run here"))
     arm.add_argument("--run-dir", required=True, help="the run dir to watch (DURABLE/runs/RUN_ID)")
     arm.add_argument("--profile", help="read METER_STOP_CMD/METER_STOP_DESTRUCTIVE from this profile "
                                        "(default: the profile in run.json)")
@@ -986,8 +990,8 @@ def build_parser():
     arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
     arm.add_argument("--json", action="store_true", help="print the armed dead-man as JSON")
 
-    ack = sub.add_parser("ack", help="postpone (default: by the armed grace) or disarm",
-                         epilog="Exit codes: 0 written, 2 usage.")
+    ack = sub.add_parser("ack", help="postpone (default: by the armed grace) or disarm", formatter_class=core.RawHelp,
+                         epilog=core.exit_codes_epilog(ok="the ACK is written", fail=None, refused=None))
     ack.add_argument("--run-dir", required=True, help="the run dir whose dead-man to acknowledge")
     group = ack.add_mutually_exclusive_group()
     group.add_argument("--postpone-minutes", type=fnum(), help="no firing before now + M minutes")
@@ -995,7 +999,9 @@ def build_parser():
     ack.add_argument("--json", action="store_true", help="print the ACK written as JSON")
 
     st = sub.add_parser("status", help="is a dead-man watching this run? (0 armed, 1 nothing, 7 fired)",
-                        epilog="Exit codes: 0 armed and alive, 1 nothing watches, 7 fired, 2 usage.")
+                        formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(
+                            ok="armed and alive", fail="nothing watches (NONE, DOWN, EXITED, DISARMED)",
+                            refused=None, extra="7 it fired"))
     st.add_argument("--run-dir", required=True, help="the run dir to ask about")
     st.add_argument("--json", action="store_true", help="print every field as JSON")
     return top

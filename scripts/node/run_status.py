@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Say in one line (or JSON) what a run is doing: starting, running, stalled, succeeded, failed,
-sync failed, or stopped by the dead-man, and whether anything still watches the meter. Read-only;
+"""Read-only: one line (or JSON) says what a run is doing and whether anything still watches the meter.
+
+The states: starting, running, stalled, succeeded, failed, sync failed, or stopped by the dead-man.
 Python 3.8+ standard library only; runs from the node folder beside rgt_core.py.
 
 Usage:
@@ -499,10 +500,9 @@ positive_number = core.arg_number(float, 0.0, 1e9, low_open=True)   # also refus
 
 def parse_args(argv):
     ap = core.Parser(
-        prog="run_status.py",
-        description="Classify a run dir: starting/running/stalled/succeeded/failed/sync_failed/deadman_fired. "
-                    "Exit 0 succeeded, 1 failed, 2 usage, 4 running, 5 starting, 6 stalled, 7 dead-man fired, "
-                    "8 finished but unwatched.")
+        prog="run_status.py", formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__),
+        description="Classify a run dir: starting/running/stalled/succeeded/failed/sync_failed/deadman_fired\n"
+                    "(the module docstring says how each is decided, and how the ETA is made).")
     ap.add_argument("run_dir", help="the run directory (made by run_one.sh)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (JSON lines with --watch)")
     ap.add_argument("--stall-minutes", type=positive_number, default=None,
