@@ -23,10 +23,12 @@ off only while they are watched by their own dead-man and progressing: a hung, u
 cannot keep the box billing.
 
 Every deadline runs on the monotonic clock, so a wall-clock step neither delays nor hastens a
-firing. A system suspend restarts the stall and grace clocks; suspended time does not count toward
---max-hours. Every poll is guarded: an error is logged and the watch goes on (errors for longer than
-the stall limit fire "watch_error", so a broken watcher cannot fail open). A reserve file made at
-arm time is given up when the disk is full, and records are best effort: the stop runs anyway.
+firing, and the watcher wakes when a deadline it foresees runs out (the grace, the stall limit, the
+cap, an ACK's postponement), not at the next --poll-seconds tick. A system suspend restarts the
+stall and grace clocks; suspended time does not count toward --max-hours. Every poll is guarded: an
+error is logged and the watch goes on (errors for longer than the stall limit fire "watch_error", so
+a broken watcher cannot fail open). A reserve file made at arm time is given up when the disk is
+full, and records are best effort: the stop runs anyway.
 
 Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
 signal (run.json stop_signal, default SIGTERM) on its process group and up to --term-grace-seconds
@@ -187,6 +189,13 @@ class Watcher(object):
         self.fired = None
         self.failing_since = None
         self.record_errors = 0
+        self.next_deadline = None         # monotonic: the earliest firing the last check foresaw (R15)
+
+    def due_at(self, mono):
+        """Note a deadline the last check foresaw (a grace, stall or cap running out), so the poll wakes
+        then instead of up to --poll-seconds later (finding R15)."""
+        if mono is not None and (self.next_deadline is None or mono < self.next_deadline):
+            self.next_deadline = mono
 
     def p(self, name):
         return os.path.join(self.run_dir, name)
@@ -274,6 +283,8 @@ class Watcher(object):
         hours = self.cfg.get("max_hours") or 0.0
         if hours and now - self.armed_mono >= hours * 3600:
             return "max_hours", "wall-clock cap of %g h since arming reached" % hours, None, None
+        if hours:
+            self.due_at(self.armed_mono + hours * 3600)
         return None
 
     def loop(self):
@@ -301,6 +312,7 @@ class Watcher(object):
                 self.resumed_mono = now
                 self.armed_mono += slept   # suspended time does not count toward --max-hours
                 self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
+            self.next_deadline = None
             verdict = self.guarded_evaluate(now)
             flush_notifications()
             if verdict and verdict[0] == "disarm":
@@ -315,8 +327,11 @@ class Watcher(object):
                 return self.fire(*verdict)
             if self.last_write is None or now - self.last_write >= max(30.0, self.cfg["poll_seconds"]):
                 self.write_state()
-            # Sleep in short slices: a handled signal must not wait a whole poll interval.
+            # Sleep in short slices: a handled signal must not wait a whole poll interval. A deadline the
+            # check foresaw (the grace running out) wakes it on time, not at the next poll (finding R15).
             wake = time.monotonic() + self.cfg["poll_seconds"]
+            if self.next_deadline is not None and self.next_deadline > now:
+                wake = min(wake, self.next_deadline + 0.05)
             while not self.stop_requested and not self.check_now and time.monotonic() < wake:
                 time.sleep(min(0.5, self.cfg["poll_seconds"]))
             self.check_now = False
@@ -494,7 +509,10 @@ class Deadman(Watcher):
             active, why_over = False, None
 
         if active:
-            quiet = now - max(self.progress_mono, self.resumed_mono or self.armed_mono)
+            quiet_since = max(self.progress_mono, self.resumed_mono or self.armed_mono)
+            quiet = now - quiet_since
+            if cfg["stall_minutes"]:
+                self.due_at(quiet_since + cfg["stall_minutes"] * 60)
             if core.is_stalled(quiet, cfg["stall_minutes"]):
                 detail = ("job alive (pid %s, state %s) but heartbeat.json and job.log unchanged for %s (limit %g min)"
                           % (job_pid, state, dur(quiet), cfg["stall_minutes"]))
@@ -551,12 +569,14 @@ class Deadman(Watcher):
                     candidates.append(("no_job", "no job, launcher or supervisor seen for %g min%s"
                                        % (cfg["grace_minutes"], capped)))
             elif not holding:
+                self.due_at(idle_since + cfg["grace_minutes"] * 60)
                 self.note("%s; firing at %s unless acknowledged"
                           % (why_over or "no job running", stamp(self.wall_at(idle_since + cfg["grace_minutes"] * 60))))
 
         if not candidates:
             return None
         if postponed:
+            self.due_at(self.ack_until_mono)
             self.note("would fire (%s) but ACK postpones until %s" % (candidates[0][0], stamp(ack.get("until"))))
             return None
         reason, detail = candidates[0]
@@ -936,8 +956,14 @@ def cmd_status(args):
     if word == "FIRED":
         rc = 7
         fired = fired or {}
-        line = "reason=%s at %s stop_ok=%s %s" % (fired.get("reason"), fired.get("fired_at"), fired.get("ok"),
-                                                   fired.get("refused") or fired.get("message") or "")
+        if fired.get("dry_run"):   # a dry run stops nothing by design: never "stop_ok=False" (finding R15)
+            line = "reason=%s at %s DRY RUN (nothing was stopped)%s" % (
+                fired.get("reason"), fired.get("fired_at"),
+                ": would run %s" % json.dumps(fired["would_run"]) if fired.get("would_run") else
+                ": %s" % (fired.get("message") or "no stop command"))
+        else:
+            line = "reason=%s at %s stop_ok=%s %s" % (fired.get("reason"), fired.get("fired_at"), fired.get("ok"),
+                                                       fired.get("refused") or fired.get("message") or "")
     elif word == "NONE":
         rc, line = 1, "no dead-man was armed for this run dir: nothing will stop the meter"
     elif word == "ARMED":

@@ -141,6 +141,8 @@ class IdleWatch(deadman.Watcher):
         idle_s = self.idle_for(now)
         if self.idle_since is not None and idle_s >= self.cfg["idle_minutes"] * 60:
             return "idle_box", "idle for %.0f s (limit %g min)" % (idle_s, self.cfg["idle_minutes"]), None, False
+        if self.idle_since is not None:   # wake when the idle limit runs out, not a poll later
+            self.due_at(self.idle_since + self.cfg["idle_minutes"] * 60)
         return None
 
     def fire(self, reason, detail, job_pid=None, job_alive=False):
@@ -248,8 +250,10 @@ def cmd_status(args):
         tail = "stop ok=%s confirmed=%s: %s" % (fired.get("ok"), confirmed, fired.get("message") or "")
         if confirmed is False:
             tail = "%s: %s" % (stop_engine.NOT_CONFIRMED, tail)
+        if fired.get("dry_run"):   # nothing was meant to stop: not a failed stop (finding R15)
+            tail = "DRY RUN (nothing was stopped): %s" % (fired.get("message") or "")
         print("FIRED idle watcher in %s: %s" % (watch_dir, tail))
-        return 0 if fired.get("ok") else 1
+        return 0 if fired.get("ok") or fired.get("dry_run") else 1
     print("%s idle watcher in %s: %s" % (word, watch_dir, "; ".join(out["busy"] or []) or
                                          "idle %ss" % out["idle_seconds"]))
     return 0
