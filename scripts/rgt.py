@@ -48,7 +48,8 @@ DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the res
 DURABLE_DIR/results/RID; later commands find both in the ledger. `rgt.py launch --help` lists:
   run_one.sh options most launches use: --output GLOB, --stall-minutes M, --max-hours H, --require-gpu, --wait
   run_one.sh resume adapters for a trainer you did not write: --resume-glob, --resume-arg ('--init_from=resume')
-  and --progress-regex, so that resume continues from the newest checkpoint instead of step 0 (run_one.sh)
+  and --progress-regex, so that resume continues from the newest checkpoint instead of step 0 (run_one.sh);
+  --total-steps N for a trainer that prints no total (status then shows step/N and an ETA)
 
 resume: after a preemption or a failed attempt, relaunch the run's recorded launch in the same run dir as
 attempt N+1 (boot_resume.py --run on the node): its resume adapters pick the newest good checkpoint, the
@@ -943,6 +944,7 @@ RUN_ONE_ARGS (bash scripts/node/run_one.sh --help has them all): --output GLOB (
 --stall-minutes M, --max-hours H, --require-gpu, --wait; for a trainer you did not write, the resume
 adapters --resume-glob 'out/ckpt.pt' --resume-arg '--init_from=resume' (a {} in it becomes the checkpoint
 path) and --progress-regex 'iter (?P<step>\\d+):', so `rgt.py resume` continues from the newest checkpoint.
+A trainer that prints no total: add --total-steps N, so status shows step/N and an ETA.
 Copy the project to the node yourself first (rsync, or git clone there): push ships only the toolkit."""
 
 

@@ -24,12 +24,6 @@ PYTHON = sorted([p for p in SCRIPTS.glob("*.py")] + [p for p in NODE.glob("*.py"
                 + [p for p in TOOLS.glob("*.py") if p.name not in LIBRARIES] + sorted((REPO / "evals").glob("*.py")))
 SHELL = sorted(NODE.glob("*.sh"))
 
-# PENDING_LEAD: the lead is rewriting these node tools (issue 30 leaves them to the lead; supervise.py, the fifth,
-# already passes and is checked). Their options
-# and epilogs are not checked until the lead adds the help text and core.exit_codes_epilog(); the lead empties
-# this set. test_pending_lead_list_is_still_needed fails once a listed tool passes, so the list cannot go stale.
-PENDING_LEAD = {"deadman.py", "idle_watch.py", "run_status.py", "boot_resume.py"}
-
 ENV = dict(os.environ, RGT_SKIP_VERSION_CHECK="1", COLUMNS="100")
 ITEM = re.compile(r"^(  |    )(\S.*?)(?:\s{2,}(\S.*))?$")
 SECTION = re.compile(r"^[A-Za-z][\w ,()-]*:\s*$")
@@ -101,7 +95,7 @@ def help_problems(path):
     return problems
 
 
-@pytest.mark.parametrize("path", [p for p in PYTHON if p.name not in PENDING_LEAD], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", PYTHON, ids=lambda p: p.name)
 def test_every_option_has_help_and_help_ends_with_exit_codes(path):
     assert help_problems(path) == []
 
@@ -111,17 +105,6 @@ def test_shell_help_ends_with_exit_codes(path):
     res = subprocess.run(["bash", str(path), "--help"], capture_output=True, text=True, env=ENV, timeout=60)
     assert res.returncode == 0, res.stderr[-300:]
     assert ends_with_exit_codes(res.stdout), res.stdout[-400:]
-
-
-def test_pending_lead_list_is_still_needed():
-    """An exemption the lead's rewrite made unnecessary is removed, not kept."""
-    stale = sorted(name for name in PENDING_LEAD
-                   if not help_problems(NODE / name) and not docstring_problems(NODE / name))
-    assert not stale, "remove from PENDING_LEAD: %s" % stale
-
-
-def test_pending_lead_names_only_existing_tools():
-    assert {p.name for p in PYTHON} >= PENDING_LEAD
 
 
 def docstring_problems(path):
@@ -137,8 +120,7 @@ def docstring_problems(path):
     return []
 
 
-@pytest.mark.parametrize("path", [p for p in PYTHON + LIBRARY_PATHS if p.name not in PENDING_LEAD],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", PYTHON + LIBRARY_PATHS, ids=lambda p: p.name)
 def test_docstring_opens_with_one_line(path):
     assert docstring_problems(path) == []
 

@@ -62,6 +62,7 @@ def test_an_idle_box_stops_its_meter(tmp_path, gpu):
     # the record is written before the stop runs: wait for the finished record, not its first version
     fired = wait_for(lambda: state(watch).get("state") == "FIRED" and (watch / "IDLE_FIRED.json").exists()
                      and json.loads((watch / "IDLE_FIRED.json").read_text()).get("ok") and
+                     "rc" in json.loads((watch / "IDLE_FIRED.json").read_text()) and   # its last write adds rc
                      json.loads((watch / "IDLE_FIRED.json").read_text()), "the idle watcher to fire and stop")
     assert marker.read_text() == "stopped" and fired["reason"] == "idle_box" and fired["rc"] == 0
     assert fired["confirmed"] is None    # a custom stop cannot be confirmed, and says so

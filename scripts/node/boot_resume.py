@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""boot_resume.py: after the box restarts, put every unfinished run back under watch.
+"""After a restart, every unfinished run is resumed (when opted in) or marked failed, and is watched by a dead-man.
 
 A restart (an interruptible instance resuming, a VM or workstation reboot) kills the job, its
 supervisor and its dead-man together; status.json still says running and the box bills idle. Run
@@ -353,7 +353,8 @@ def hand_over(run_dir, status, run, result):
 
 def main(argv=None):
     core.check_toolkit()
-    parser = core.Parser(prog="boot_resume.py", description="After a restart: resume or re-arm unfinished runs.")
+    parser = core.Parser(prog="boot_resume.py", description="After a restart: resume or re-arm unfinished runs "
+                         "(see the docstring).", formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("--runs-dir", action="append", help="a runs dir (DURABLE_DIR/runs)")
     parser.add_argument("--run", help="resume this one run dir now, as its next attempt")
     parser.add_argument("--max-attempts", type=int, help="with --run: the attempt cap (default: as launched, 3)")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""On-node dead-man switch: stop the meter when nobody is looking after the run.
+"""Once armed, the box's meter is stopped, confirmed or escalated when the run ends, stalls or passes its cap.
 
 Guarantee: once armed, the box's meter is stopped (and the stop confirmed or escalated) when the
 run is over, stalled or past its cap, and no error, full disk or read-only disk ends the watch first;
@@ -23,10 +23,12 @@ off only while they are watched by their own dead-man and progressing: a hung, u
 cannot keep the box billing.
 
 Every deadline runs on the monotonic clock, so a wall-clock step neither delays nor hastens a
-firing. A system suspend restarts the stall and grace clocks; suspended time does not count toward
---max-hours. Every poll is guarded: an error is logged and the watch goes on (errors for longer than
-the stall limit fire "watch_error", so a broken watcher cannot fail open). A reserve file made at
-arm time is given up when the disk is full, and records are best effort: the stop runs anyway.
+firing, and the watcher wakes when a deadline it foresees runs out (the grace, the stall limit, the
+cap, an ACK's postponement), not at the next --poll-seconds tick. A system suspend restarts the
+stall and grace clocks; suspended time does not count toward --max-hours. Every poll is guarded: an
+error is logged and the watch goes on (errors for longer than the stall limit fire "watch_error", so
+a broken watcher cannot fail open). A reserve file made at arm time is given up when the disk is
+full, and records are best effort: the stop runs anyway.
 
 Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
 signal (run.json stop_signal, default SIGTERM) on its process group and up to --term-grace-seconds
@@ -73,7 +75,6 @@ Exit codes:
 Minutes and hours accept floats (tests use --grace-minutes 0.01 --poll-seconds 0.05).
 Python 3.8+ standard library only; runs from the node folder beside rgt_core.py.
 """
-import argparse
 import errno
 import json
 import os
@@ -189,6 +190,13 @@ class Watcher(object):
         self.fired = None
         self.failing_since = None
         self.record_errors = 0
+        self.next_deadline = None         # monotonic: the earliest firing the last check foresaw (R15)
+
+    def due_at(self, mono):
+        """Note a deadline the last check foresaw (a grace, stall or cap running out), so the poll wakes
+        then instead of up to --poll-seconds later (finding R15)."""
+        if mono is not None and (self.next_deadline is None or mono < self.next_deadline):
+            self.next_deadline = mono
 
     def p(self, name):
         return os.path.join(self.run_dir, name)
@@ -276,6 +284,8 @@ class Watcher(object):
         hours = self.cfg.get("max_hours") or 0.0
         if hours and now - self.armed_mono >= hours * 3600:
             return "max_hours", "wall-clock cap of %g h since arming reached" % hours, None, None
+        if hours:
+            self.due_at(self.armed_mono + hours * 3600)
         return None
 
     def loop(self):
@@ -303,6 +313,7 @@ class Watcher(object):
                 self.resumed_mono = now
                 self.armed_mono += slept   # suspended time does not count toward --max-hours
                 self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
+            self.next_deadline = None
             verdict = self.guarded_evaluate(now)
             flush_notifications()
             if verdict and verdict[0] == "disarm":
@@ -317,8 +328,11 @@ class Watcher(object):
                 return self.fire(*verdict)
             if self.last_write is None or now - self.last_write >= max(30.0, self.cfg["poll_seconds"]):
                 self.write_state()
-            # Sleep in short slices: a handled signal must not wait a whole poll interval.
+            # Sleep in short slices: a handled signal must not wait a whole poll interval. A deadline the
+            # check foresaw (the grace running out) wakes it on time, not at the next poll (finding R15).
             wake = time.monotonic() + self.cfg["poll_seconds"]
+            if self.next_deadline is not None and self.next_deadline > now:
+                wake = min(wake, self.next_deadline + 0.05)
             while not self.stop_requested and not self.check_now and time.monotonic() < wake:
                 time.sleep(min(0.5, self.cfg["poll_seconds"]))
             self.check_now = False
@@ -530,7 +544,10 @@ class Deadman(Watcher):
             active, why_over = False, None
 
         if active:
-            quiet = now - max(self.progress_mono, self.resumed_mono or self.armed_mono)
+            quiet_since = max(self.progress_mono, self.resumed_mono or self.armed_mono)
+            quiet = now - quiet_since
+            if cfg["stall_minutes"]:
+                self.due_at(quiet_since + cfg["stall_minutes"] * 60)
             if core.is_stalled(quiet, cfg["stall_minutes"]):
                 detail = ("job alive (pid %s, state %s) but heartbeat.json and job.log unchanged for %s (limit %g min)"
                           % (job_pid, state, dur(quiet), cfg["stall_minutes"]))
@@ -587,12 +604,14 @@ class Deadman(Watcher):
                     candidates.append(("no_job", "no job, launcher or supervisor seen for %g min%s"
                                        % (cfg["grace_minutes"], capped)))
             elif not holding:
+                self.due_at(idle_since + cfg["grace_minutes"] * 60)
                 self.note("%s; firing at %s unless acknowledged"
                           % (why_over or "no job running", stamp(self.wall_at(idle_since + cfg["grace_minutes"] * 60))))
 
         if not candidates:
             return None
         if postponed:
+            self.due_at(self.ack_until_mono)
             self.note("would fire (%s) but ACK postpones until %s" % (candidates[0][0], stamp(ack.get("until"))))
             return None
         reason, detail = candidates[0]
@@ -975,8 +994,14 @@ def cmd_status(args):
     if word == "FIRED":
         rc = 7
         fired = fired or {}
-        line = "reason=%s at %s stop_ok=%s %s" % (fired.get("reason"), fired.get("fired_at"), fired.get("ok"),
-                                                   fired.get("refused") or fired.get("message") or "")
+        if fired.get("dry_run"):   # a dry run stops nothing by design: never "stop_ok=False" (finding R15)
+            line = "reason=%s at %s DRY RUN (nothing was stopped)%s" % (
+                fired.get("reason"), fired.get("fired_at"),
+                ": would run %s" % json.dumps(fired["would_run"]) if fired.get("would_run") else
+                ": %s" % (fired.get("message") or "no stop command"))
+        else:
+            line = "reason=%s at %s stop_ok=%s %s" % (fired.get("reason"), fired.get("fired_at"), fired.get("ok"),
+                                                       fired.get("refused") or fired.get("message") or "")
     elif word == "NONE":
         rc, line = 1, "no dead-man was armed for this run dir: nothing will stop the meter"
     elif word == "ARMED":
@@ -1007,13 +1032,18 @@ def cmd_status(args):
 
 
 def build_parser():
-    top = core.Parser(prog="deadman.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                      epilog="Run `deadman.py arm --help` for every option.")
+    codes = core.exit_codes_epilog(__doc__)
+    top = core.Parser(prog="deadman.py", description=core.help_description(__doc__), formatter_class=core.RawHelp,
+                      epilog="Run `deadman.py arm --help` for every option.\n\n" + codes)
     sub = top.add_subparsers(dest="cmd", parser_class=core.Parser)
 
     arm = sub.add_parser("arm", help="start watching a run dir (detaches unless --foreground)",
-                         epilog="Exit codes: 0 armed (or fired and stopped, with --foreground), 1 fired and the "
-                                "stop failed or was not confirmed, 2 usage, 3 refused.")
+                         formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(
+                             ok="armed (with --foreground: fired and the stop ran and was not disproved, a dry run "
+                                "that found a command, or disarmed)",
+                             fail="(--foreground) fired, and the stop failed, was not confirmed or refused, or no "
+                                  "stop command exists",
+                             refused="a live dead-man already watches this run dir, or the stop cannot run here"))
     arm.add_argument("--run-dir", required=True, help="the run dir to watch (DURABLE/runs/RUN_ID)")
     arm.add_argument("--profile", help="read METER_STOP_CMD/METER_STOP_DESTRUCTIVE from this profile "
                                        "(default: the profile in run.json)")
@@ -1024,8 +1054,8 @@ def build_parser():
     arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
     arm.add_argument("--json", action="store_true", help="print the armed dead-man as JSON")
 
-    ack = sub.add_parser("ack", help="postpone (default: by the armed grace) or disarm",
-                         epilog="Exit codes: 0 written, 2 usage.")
+    ack = sub.add_parser("ack", help="postpone (default: by the armed grace) or disarm", formatter_class=core.RawHelp,
+                         epilog=core.exit_codes_epilog(ok="the ACK is written", fail=None, refused=None))
     ack.add_argument("--run-dir", required=True, help="the run dir whose dead-man to acknowledge")
     group = ack.add_mutually_exclusive_group()
     group.add_argument("--postpone-minutes", type=fnum(), help="no firing before now + M minutes")
@@ -1033,7 +1063,9 @@ def build_parser():
     ack.add_argument("--json", action="store_true", help="print the ACK written as JSON")
 
     st = sub.add_parser("status", help="is a dead-man watching this run? (0 armed, 1 nothing, 7 fired)",
-                        epilog="Exit codes: 0 armed and alive, 1 nothing watches, 7 fired, 2 usage.")
+                        formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(
+                            ok="armed and alive", fail="nothing watches (NONE, DOWN, EXITED, DISARMED)",
+                            refused=None, extra="7 it fired"))
     st.add_argument("--run-dir", required=True, help="the run dir to ask about")
     st.add_argument("--json", action="store_true", help="print every field as JSON")
     return top

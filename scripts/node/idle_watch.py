@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""idle_watch.py: the dead-man's idle-box mode: stop the meter when nothing uses the box.
+"""A box with no GPU use, no SSH session and no active run for --idle-minutes gets its meter stopped (or escalated).
 
 Guarantee: a box left on with nothing to do is stopped through the same stop engine as the run
 dead-man (arm-time checks, $VAR from PID 1, retries, fallback, confirmation, escalation); a
@@ -7,7 +7,7 @@ reading it cannot make counts as busy, and the wall-clock cap (--max-hours) stil
 
 The most common money loss is a box left on with nothing to do (a notebook, an ad-hoc SSH session
 that ended, a finished run nobody watched). The run dead-man needs a run; this mode needs none. It
-fires when ALL of these held for --idle-minutes without a break:
+fires when ALL of these held for --idle-minutes without a break, namely
   - every GPU reads below --util-below percent; a reading that fails or hangs counts as busy (no
     evidence of idleness). --no-gpu drops this test on a CPU-only box. The reading:
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits
@@ -46,7 +46,6 @@ Exit codes: 0 armed / status printed / disarmed (with --foreground: 0 fired and 
 failed (with --foreground: the stop failed or was not confirmed); 2 usage; 3 refused (a watcher
 already runs there, a destructive stop without --allow-destructive, or a stop that cannot run here).
 """
-import argparse
 import os
 import shlex
 import sys
@@ -142,6 +141,8 @@ class IdleWatch(deadman.Watcher):
         idle_s = self.idle_for(now)
         if self.idle_since is not None and idle_s >= self.cfg["idle_minutes"] * 60:
             return "idle_box", "idle for %.0f s (limit %g min)" % (idle_s, self.cfg["idle_minutes"]), None, False
+        if self.idle_since is not None:   # wake when the idle limit runs out, not a poll later
+            self.due_at(self.idle_since + self.cfg["idle_minutes"] * 60)
         return None
 
     def fire(self, reason, detail, job_pid=None, job_alive=False):
@@ -249,8 +250,10 @@ def cmd_status(args):
         tail = "stop ok=%s confirmed=%s: %s" % (fired.get("ok"), confirmed, fired.get("message") or "")
         if confirmed is False:
             tail = "%s: %s" % (stop_engine.NOT_CONFIRMED, tail)
+        if fired.get("dry_run"):   # nothing was meant to stop: not a failed stop (finding R15)
+            tail = "DRY RUN (nothing was stopped): %s" % (fired.get("message") or "")
         print("FIRED idle watcher in %s: %s" % (watch_dir, tail))
-        return 0 if fired.get("ok") else 1
+        return 0 if fired.get("ok") or fired.get("dry_run") else 1
     print("%s idle watcher in %s: %s" % (word, watch_dir, "; ".join(out["busy"] or []) or
                                          "idle %ss" % out["idle_seconds"]))
     return 0
@@ -265,12 +268,16 @@ def cmd_disarm(args):
 
 
 def build_parser():
-    parser = core.Parser(prog="idle_watch.py", description=__doc__,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    arm = sub.add_parser("arm", help="start the watcher (detached)",
-                         epilog="Exit codes: 0 armed, 1 (--foreground) the stop failed or was not confirmed, "
-                                "2 usage, 3 refused.")
+    parser = core.Parser(prog="idle_watch.py", description=core.help_description(__doc__),
+                         formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser,
+                                help="what to do; idle_watch.py COMMAND --help for its options")
+    arm = sub.add_parser("arm", help="start the watcher (detached)", formatter_class=core.RawHelp,
+                         epilog=core.exit_codes_epilog(
+                             ok="armed (with --foreground: fired and the stop ran and was not disproved)",
+                             fail="(--foreground) the stop failed or was not confirmed",
+                             refused="a watcher already runs in --watch-dir, the stop is destructive without "
+                                     "--allow-destructive, or it cannot run here"))
     arm.add_argument("--watch-dir", required=True, help="folder for the watcher's state, record and log")
     arm.add_argument("--stop-cmd", help="argv string that stops this box's meter ($VAR allowed)")
     arm.add_argument("--profile", help="use this profile's METER_STOP_CMD as the stop")
@@ -288,11 +295,13 @@ def build_parser():
                                          "sync_wait_seconds"))
     arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
     arm.add_argument("--json", action="store_true", help="print the armed watcher as JSON")
-    status = sub.add_parser("status", help="print the watcher's state",
-                            epilog="Exit codes: 0 printed (1 when it fired and the stop failed), 2 usage.")
+    status = sub.add_parser("status", help="print the watcher's state", formatter_class=core.RawHelp,
+                            epilog=core.exit_codes_epilog(ok="printed", fail="it fired and the stop failed",
+                                                          refused=None))
     status.add_argument("--watch-dir", required=True, help="the folder given to arm")
     status.add_argument("--json", action="store_true", help="print every field as JSON")
-    disarm = sub.add_parser("disarm", help="stop the watcher at its next tick", epilog="Exit codes: 0, 2 usage.")
+    disarm = sub.add_parser("disarm", help="stop the watcher at its next tick", formatter_class=core.RawHelp,
+                            epilog=core.exit_codes_epilog(ok="disarm requested", fail=None, refused=None))
     disarm.add_argument("--watch-dir", required=True, help="the folder given to arm")
     return parser
 

@@ -21,6 +21,7 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
                                      SIGKILL (Linux prctl; a no-op elsewhere)
   Parser / run_main / die            one-line errors with one prefix and the exit-code contract
   exit_codes_epilog                  the closing 'Exit codes' paragraph of every --help
+  help_description                   a docstring as --help text, its 'Exit codes' paragraph left to the epilog
   arg_number                         an argparse type for a bounded finite number (nan/inf refused)
   check_toolkit / toolkit_version    the node folder's version stamp (VERSION.json)
   tar_pack_shell / tar_unpack_shell  a tar stream over ssh on a host with no tar (python3 tarfile)
@@ -90,6 +91,13 @@ def exit_codes_epilog(doc=None, **meanings):
     if extra:
         parts.append(extra)
     return "Exit codes: " + "; ".join(parts) + "."
+
+
+def help_description(doc):
+    """DOC (a tool's module docstring) without its 'Exit codes' paragraph: the --help description of a tool
+    whose epilog is exit_codes_epilog(DOC), so the codes are stated once and close the help."""
+    paras = [p for p in (doc or "").strip("\n").split("\n\n") if not p.lstrip().lower().startswith("exit codes")]
+    return "\n\n".join(paras)
 
 
 class UsageError(Exception):

@@ -7,7 +7,7 @@
 #              [--max-hours H] [--deadman-dry-run] [--no-deadman] [--deadman-arg ARG]... [--wait]
 #              [--poll-seconds S] [--require-gpu] [--gpu-timeout S] [--json]
 #              [--stop-signal TERM|INT|HUP|USR1|USR2|QUIT] [--resume-glob GLOB --resume-arg TEMPLATE]
-#              [--progress-regex RE] [--auto-resume [--max-attempts N]] -- CMD [ARGS...]
+#              [--progress-regex RE] [--total-steps N] [--auto-resume [--max-attempts N]] -- CMD [ARGS...]
 #
 # Adapters for training code we did not write (recorded in run.json, applied by the supervisor):
 #   --stop-signal SIG     what the job's process group gets on preemption or stop (default TERM; a
@@ -18,6 +18,8 @@
 #                         skipping torn or empty ones (recorded in status.json "resume")
 #   --progress-regex RE   read step and total from job.log lines (named groups step, total, or the
 #                         first two groups), so status has a step and an ETA without a heartbeat
+#   --total-steps N       the run's total steps, for a trainer that prints or writes none (run.json
+#                         total_steps): run_status then shows step/N and an ETA
 #   --auto-resume         after a restart of the box, boot_resume.py relaunches this exact launch as
 #                         the next attempt (with the resume adapters above), at most --max-attempts
 #                         times in all (default 3); without it, boot_resume.py only re-arms the dead-man
@@ -122,7 +124,8 @@ while [ "$#" -gt 0 ]; do
     --poll-seconds) need_val "$@"; POLL=$2; shift 2 ;;
     --gpu-timeout) need_val "$@"; GPU_TIMEOUT=$2; shift 2 ;;
     --deadman-arg) need_val "$@"; DM_EXTRA+=("$2"); shift 2 ;;
-    --stop-signal|--resume-glob|--resume-arg|--progress-regex|--max-attempts) need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
+    --stop-signal|--resume-glob|--resume-arg|--progress-regex|--max-attempts|--total-steps)
+      need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
     --auto-resume) ADAPT+=("--auto-resume"); shift ;;
     --deadman-dry-run) DM_DRY=1; shift ;;
     --no-deadman) NO_DM=1; shift ;;

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Say in one line (or JSON) what a run is doing: starting, running, stalled, succeeded, failed,
-sync failed, or stopped by the dead-man, and whether anything still watches the meter. Read-only;
+"""Read-only: one line (or JSON) says what a run is doing and whether anything still watches the meter.
+
+The states: starting, running, stalled, succeeded, failed, sync failed, or stopped by the dead-man.
 Python 3.8+ standard library only; runs from the node folder beside rgt_core.py.
 
 Usage:
@@ -54,10 +55,18 @@ match in its cwd (for most jobs, the last checkpoint), so a watcher sees checkpo
 attempt and resume (the checkpoint this attempt resumed from, what was skipped, a durable copy put back);
 line, the text-mode line.
 
-ETA: from the heartbeat's sec_per_step when the job writes it (examples/train_resumable.py does),
-else the average since started_at (too low when the job resumed from a checkpoint), or, with
---watch, from the progress between two looks. GPU figures come from nvidia-smi on THIS machine;
-the liveness checks are skipped when run.json names another host.
+Step and total: from heartbeat.json, else the last job.log line the launch's progress regex (run.json
+progress_regex) matches; a total neither gives comes from run.json total_steps, the total the launch
+was given for a trainer that prints none. A job that writes no heartbeat gets no "hb" age on the line.
+
+ETA: with --watch, from the progress between two looks; else from the heartbeat's sec_per_step when
+the job writes it (examples/train_resumable.py does); else this attempt's average: the steps since
+the step it started at, over the time since status.json started_at. Attempt 1 counts from step 0.
+A resumed attempt (attempt > 1, or status.json "resume" names a checkpoint) counts from the first
+step it logged (progress lines after the supervisor's "starting:" note in job.log); when
+that is unknown the ETA is left out and the JSON's eta_basis says why, never a guess from step 0.
+GPU figures come from nvidia-smi on THIS machine; the liveness checks are skipped when run.json
+names another host.
 
 Exit codes:
   0 succeeded   1 failed or sync_failed   2 usage / not a run dir / unreadable state
@@ -257,13 +266,14 @@ def one_line(r):
         bits.append(r["reason"])
     if r.get("step") is not None:
         total = r.get("total_steps")
-        progress = "step %s/%s" % (r["step"], total if total is not None else "?")
+        progress = "step %s" % r["step"] + ("/%s" % total if total is not None else "")
         if r.get("percent") is not None:
             progress += " (%d%%)" % int(r["percent"])
         bits.append(progress)
         if r.get("epoch") is not None:
             bits.append("epoch %s" % r["epoch"])
-        bits.append("hb %s ago" % core.human_age(r.get("heartbeat_age_s")))
+        if r.get("heartbeat_age_s") is not None:   # a job that writes no heartbeat gets no "hb n/a" noise
+            bits.append("hb %s ago" % core.human_age(r["heartbeat_age_s"]))
     elif r["status"] in ("running", "starting", "stalled"):
         bits.append("no heartbeat yet")
     if r["status"] in ("running", "stalled") and r.get("eta_s") is not None:
@@ -298,6 +308,28 @@ def one_line(r):
 
 # ---------------------------------------------------------------- classification
 
+def progress_of(rx, line):
+    """(step, total) from one log line the --progress-regex matches, else None. Supervisor notes
+    ("[rgt 13:01:54] ...") are never progress."""
+    if line.startswith("[rgt "):
+        return None
+    match = rx.search(line)
+    if not match:
+        return None
+    named = match.groupdict()
+    groups = match.groups()
+    step = named.get("step") if "step" in named else (groups[0] if groups else None)
+    total = named.get("total") if "total" in named else (groups[1] if len(groups) > 1 and "step" not in named
+                                                            else None)
+    step = num(as_int(step)) if step is not None else None
+    # a second group that is not a whole number >= step (a loss, a learning rate) is not a total
+    whole = total is not None and re.match(r"^\s*\d+\s*$", str(total))
+    total = num(as_int(total)) if whole else None
+    if total is not None and step is not None and total < step:
+        total = None
+    return step, total
+
+
 def log_progress(log_path, pattern, tail_bytes=256 * 1024):
     """(step, total) from the last job.log line the run's --progress-regex matches, else (None, None).
     For code that writes no heartbeat: `step 120/500`, tqdm's `120/500 [`, `Epoch 3 ... it 120 of 500`."""
@@ -309,24 +341,51 @@ def log_progress(log_path, pattern, tail_bytes=256 * 1024):
     except (OSError, re.error):
         return None, None
     for line in reversed(lines):
-        if line.startswith("[rgt "):  # the supervisor's own notes ("[rgt 13:01:54] ...") are never progress
-            continue
-        match = rx.search(line)
-        if not match:
-            continue
-        named = match.groupdict()
-        groups = match.groups()
-        step = named.get("step") if "step" in named else (groups[0] if groups else None)
-        total = named.get("total") if "total" in named else (groups[1] if len(groups) > 1 and "step" not in named
-                                                                else None)
-        step = num(as_int(step)) if step is not None else None
-        # a second group that is not a whole number >= step (a loss, a learning rate) is not a total
-        whole = total is not None and re.match(r"^\s*\d+\s*$", str(total))
-        total = num(as_int(total)) if whole else None
-        if total is not None and step is not None and total < step:
-            total = None
-        return step, total
+        found = progress_of(rx, line)
+        if found is not None:
+            return found
     return None, None
+
+
+# supervise.py notes each attempt's start in job.log: "[rgt HH:MM:SS] starting: CMD (cwd DIR)"
+ATTEMPT_START = re.compile(rb"\n\[rgt [0-9:]+\] starting: ")
+
+
+def attempt_first_step(log_path, pattern, limit=64 << 20, chunk=1 << 20):
+    """The first step the --progress-regex finds in THIS attempt's part of job.log (after the supervisor's
+    last "starting:" note), else None. job.log is appended across attempts, so the attempt's first progress
+    line is where a resumed job started counting. Reads at most LIMIT bytes back and LIMIT forward."""
+    try:
+        rx = re.compile(pattern)
+        size = os.path.getsize(log_path)
+        with open(log_path, "rb") as handle:
+            start, pos, carry = None, size, b""
+            while pos > 0 and size - pos < limit and start is None:
+                take = min(chunk, pos)
+                pos -= take
+                handle.seek(pos)
+                block = handle.read(take) + carry
+                lead = b"\n" if pos == 0 else b""   # the file's first line starts a line too
+                marks = list(ATTEMPT_START.finditer(lead + block))
+                if marks:
+                    start = pos + marks[-1].end() - len(lead)
+                carry = block[:64]
+            if start is None:
+                return None
+            handle.seek(start)
+            handle.readline()   # the rest of the "starting:" note
+            read = 0
+            for raw in handle:
+                read += len(raw)
+                if read > limit:
+                    return None
+                for line in raw.decode("utf-8", "replace").replace("\r", "\n").splitlines():
+                    found = progress_of(rx, line)
+                    if found is not None and found[0] is not None:
+                        return found[0]
+    except (OSError, re.error):
+        return None
+    return None
 
 
 def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=None):
@@ -364,6 +423,11 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     if step is None and (run or {}).get("progress_regex"):
         step, total = log_progress(p("job.log"), run["progress_regex"])
         progress_source = "job.log (--progress-regex)" if step is not None else None
+    total_source = "heartbeat" if total is not None and progress_source == "heartbeat" else \
+        ("job.log (--progress-regex)" if total is not None else None)
+    launched_total = num((run or {}).get("total_steps"))
+    if total is None and launched_total is not None and launched_total > 0:
+        total, total_source = launched_total, "run.json (--total-steps)"
     hb_time = num(hb.get("time"))
     hb_mtime = mtime(p("heartbeat.json"))
     activity_age = core.progress_age(run_dir, now)
@@ -376,7 +440,8 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     r = {"run_dir": os.path.abspath(run_dir), "run_id": status.get("run_id") or (run or {}).get("run_id"),
          "status": None, "exit": None, "state": state, "reason": None, "hint": None,
          "job_pid": job_pid, "job_alive": alive, "supervisor_alive": sup_alive, "exit_code": exit_code,
-         "host": host, "step": step, "total_steps": total, "epoch": hb.get("epoch"), "loss": hb.get("loss"),
+         "host": host, "step": step, "total_steps": total, "total_source": total_source,
+         "epoch": hb.get("epoch"), "loss": hb.get("loss"),
          "progress_source": progress_source, "attempt": status.get("attempt"),
          "resume": status.get("resume") if isinstance(status.get("resume"), dict) else None,
          "percent": round(100.0 * step / total, 1) if (step is not None and total) else None,
@@ -481,9 +546,9 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
             r["eta_s"], r["eta_basis"] = round(remaining / rate), "watched progress"
         elif sps and sps > 0:
             r["eta_s"], r["eta_basis"] = round(remaining * sps), "heartbeat sec_per_step"
-        elif started and step > 0 and (hb_time or now) > started:
-            r["eta_s"] = round(remaining * ((hb_time or now) - started) / step)
-            r["eta_basis"] = "average since started_at (low if the job resumed)"
+        elif started:
+            r["eta_s"], r["eta_basis"] = average_eta(r, run, p("job.log"), step, remaining,
+                                                     (hb_time or now) - started)
     elif word in ("succeeded", "syncing") or (word == "running" and step is not None and total and step >= total):
         r["eta_s"], r["eta_basis"] = 0, "done"
 
@@ -494,15 +559,40 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     return r
 
 
+def average_eta(r, run, log_path, step, remaining, elapsed):
+    """(eta_s, eta_basis) from this attempt's average rate: the steps since the step it started at, over the
+    time since it started. A resumed attempt (attempt > 1, or a resume from a checkpoint) started where the
+    checkpoint left off, not at 0: that step is the first this attempt logged (--progress-regex); when it is
+    unknown the ETA is left out and eta_basis says why (an average from 0 would be far too low)."""
+    attempt, resume = r.get("attempt"), r.get("resume") or {}
+    resumed = (isinstance(attempt, int) and not isinstance(attempt, bool) and attempt > 1) or bool(resume.get("from"))
+    pattern = (run or {}).get("progress_regex")
+    first = attempt_first_step(log_path, pattern) if (resumed and pattern) else None
+    if not resumed:
+        start, basis = 0, "average since started_at (from step 0; low if the trainer resumed by itself)"
+    elif first is not None:
+        start, basis = first, "average since this attempt's first logged step %s" % first
+    elif "from" in resume and not resume.get("from"):
+        start, basis = 0, "average since started_at (attempt %s started fresh: no good checkpoint)" % attempt
+    else:
+        why = "attempt %s resumed%s from a step this status cannot see (no heartbeat sec_per_step%s)" % (
+            attempt, " from %s" % resume["from"] if resume.get("from") else "",
+            ", no progress line of this attempt in job.log" if pattern else ", no --progress-regex")
+        return None, "unknown: " + why
+    done = step - start
+    if done <= 0 or elapsed <= 0:
+        return None, "unknown: no progress in this attempt yet (%s)" % basis
+    return round(remaining * elapsed / done), basis
+
+
 positive_number = core.arg_number(float, 0.0, 1e9, low_open=True)   # also refuses nan and inf
 
 
 def parse_args(argv):
     ap = core.Parser(
-        prog="run_status.py",
-        description="Classify a run dir: starting/running/stalled/succeeded/failed/sync_failed/deadman_fired. "
-                    "Exit 0 succeeded, 1 failed, 2 usage, 4 running, 5 starting, 6 stalled, 7 dead-man fired, "
-                    "8 finished but unwatched.")
+        prog="run_status.py", formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__),
+        description="Classify a run dir: starting/running/stalled/succeeded/failed/sync_failed/deadman_fired\n"
+                    "(the module docstring says how each is decided, and how the ETA is made).")
     ap.add_argument("run_dir", help="the run directory (made by run_one.sh)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (JSON lines with --watch)")
     ap.add_argument("--stall-minutes", type=positive_number, default=None,

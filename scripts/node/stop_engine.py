@@ -441,7 +441,7 @@ class Engine(object):
         self.save()
 
     def tell(self, event, **fields):
-        if self.notify is not None:
+        if self.notify is not None and not self.cfg.get("dry_run"):   # a rehearsal tells no one
             summary = self.notify(event, dict(fields, reason=self.rec.get("reason")))
             if isinstance(summary, dict):
                 self.rec.setdefault("notified", []).append(
