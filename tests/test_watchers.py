@@ -685,3 +685,26 @@ def test_a_real_launch_on_a_durable_disk_the_job_fills_still_stops_the_meter(tmp
         assert calls_of(calls) == ["stop "], "the stop never ran on a full durable disk"
     finally:
         subprocess.run(["umount", "-l", str(durable)])
+
+
+@pytest.mark.parametrize("line,exit_code,reason", [
+    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 128.00 TiB. GPU 0 has a total capacity of "
+     "139.81 GiB", 1, "CUDA out of memory"),
+    ("[rank1]:[E ProcessGroupNCCL.cpp] Watchdog caught collective operation timeout", 1, "NCCL"),
+    ("OSError: [Errno 28] No space left on device", 1, "disk full"),
+    ("epoch 3 loss 0.41", 137, "OOM killer"),
+    ("Traceback ... ValueError: bad config", 1, None),
+])
+def test_run_status_names_the_failures_users_meet_most(tmp_path, line, exit_code, reason):
+    """Log lines in the format the libraries print them; tools/gpu_check.sh makes a real CUDA OOM on a GPU box."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "job.log").write_text("step 1\n%s\n" % line)
+    (run / "status.json").write_text(json.dumps({"state": "failed", "exit_code": exit_code, "run_id": "r",
+                                                 "ended_at": core.utc_iso()}))
+    out = json.loads(subprocess.run([sys.executable, RUN_STATUS, str(run), "--no-gpu", "--json"],
+                                    capture_output=True, text=True).stdout)
+    if reason is None:
+        assert "read job.log" in out["hint"]
+    else:
+        assert reason in out["reason"] and out["hint"]

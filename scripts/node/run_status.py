@@ -108,6 +108,37 @@ NONE_HINT = "no dead-man was ever armed for this run: nothing on the node stops 
 
 # ---------------------------------------------------------------- small readers
 
+# (what the log's tail says, the reason shown, the first thing to read): the failures a user meets most.
+KNOWN_FAILURES = (
+    (("CUDA out of memory", "OutOfMemoryError", "CUBLAS_STATUS_ALLOC_FAILED"), "CUDA out of memory",
+     "GPU memory ran out: smaller batch, activation checkpointing or mixed precision "
+     "(references/training/oom-memory.md); then resume it as the next attempt"),
+    (("NCCL error", "Watchdog caught collective operation timeout", "NCCL WARN"), "NCCL / collective failure",
+     "a distributed collective failed or timed out (references/training/distributed-launch.md)"),
+    (("No space left on device",), "disk full",
+     "a disk filled up: free space or move outputs (references/run-remote/gotchas-disk.md); check inodes too"),
+)
+
+
+def known_failure(log_path, exit_code, tail_bytes=64 << 10):
+    """(reason, hint) when the end of job.log names a failure users meet often, else None; exit 137 with no
+    message in the log is the kernel's OOM killer (the cgroup memory limit), not a bug in the job."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - tail_bytes))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        tail = ""
+    for needles, reason, hint in KNOWN_FAILURES:
+        if any(n in tail for n in needles):
+            return reason, hint
+    if exit_code == 137:
+        return ("killed (exit 137: SIGKILL, usually the OOM killer at the container's memory limit)",
+                "host or cgroup RAM ran out: watch it with mem_monitor.sh (references/training/oom-memory.md)")
+    return None
+
+
 def read_state(path):
     """A run-dir state file as a dict; None when absent; UsageError (exit 2) when damaged.
 
@@ -528,6 +559,10 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
         r["hint"] = ("stopped by a signal (exit %s), e.g. preemption or a manual stop: resume it as the next "
                      "attempt in the same run dir (rgt.py resume HOST RID; on the node boot_resume.py --run "
                      "RUN_DIR); a resumable job continues from its newest checkpoint" % status.get("exit_code"))
+    if word == "failed" and status.get("exit_code") not in (143, 130, 129):
+        known = known_failure(p("job.log"), status.get("exit_code"))
+        if known:
+            r["reason"], r["hint"] = known
     if word == "deadman_fired":
         r["reason"] = "dead-man fired: %s" % (fired.get("reason") or "see deadman.log")
     elif word in TERMINAL and dm["word"] in ("DOWN", "EXITED"):
