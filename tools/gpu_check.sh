@@ -47,6 +47,7 @@ sys.exit(0 if st['state'] == 'succeeded' and 'cuda' in log.lower() else 1)"
 "$PY" "$N/run_status.py" "$W/dur/runs/oom1" > "$OUT_DIR/oom_status.txt" 2>&1
 cat "$OUT_DIR/oom_status.txt"
 check "a CUDA OOM is a failed run whose log names it" grep -q "OutOfMemoryError\|out of memory" "$W/dur/runs/oom1/job.log"
+check "run_status names the CUDA OOM and what to read" grep -q "CUDA out of memory" "$OUT_DIR/oom_status.txt"
 
 # the idle watch on real utilisation: idle fires (dry run); a busy GPU holds it off
 "$PY" "$N/idle_watch.py" arm --watch-dir "$W/idle" --stop-cmd true --idle-minutes 0.05 --poll-seconds 1 \
