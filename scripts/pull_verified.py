@@ -22,9 +22,11 @@ What it does, in order:
      (--transport, default auto): rsync when both ends have it, with --partial-dir=.rsync-partial, so
      a re-run after Ctrl-C, a dropped connection or a crash continues from the bytes already there;
      otherwise one tar stream (`tar -ch` on the node over ssh, or locally; python3's tarfile where there
-     is no tar: the summary's transfer.packer says which), unpacked member by member
-     with only listed regular files accepted, resumable per file: files already in staging with the
-     manifest's size and hash are not sent again. The summary says which transport ran;
+     is no tar: the summary's transfer.packer says which), read straight from the pipe
+     member by member with only listed regular files accepted (an extra, repeated or linked member, or a
+     header whose size is not the manifest's, fails the pull before its bytes land), each file hashed as
+     it is written so step 3 need not read it again; resumable per file: files already in staging with
+     the manifest's size and hash are not sent again. The summary says which transport ran;
   3. verifies the staging tree in parallel: missing, extra, truncated or oversized files, changed
      bytes, symlinks and special files each get their own FAIL line naming the file. Files that fail
      are moved into .rsync-partial so the next run re-fetches only the blocks that differ;

@@ -3,7 +3,10 @@
 
 Every command builds its ssh call from argv (each remote word quoted; "~/" kept for the node's
 shell to expand), so no user input is ever pasted into a shell string. HOST is an ssh alias or
-user@host; -p/-i/--ssh-config add the usual ssh options. Every push, launch, pull and gate is
+user@host; -p/-i/--ssh-config add the usual ssh options. All the ssh calls of one command (push makes
+three, pull and gate several) share one connection: a multiplexing master whose socket sits in a private
+folder under /tmp, closed when the command ends (RGT_SSH_MUX=0 turns this off; RGT_SSH_CONTROL_PARENT
+moves the folder). Every push, launch, pull and gate is
 appended to a run ledger in the user's state dir (host, profile, run id, attempt, state, time), so
 `rgt.py ledger` can list what may still bill; a relaunched attempt is listed again until gated.
 
