@@ -340,8 +340,8 @@ class Bench(object):
             return "sshd did not start here (%s)" % open(os.path.join(base, "sshd.log")).read().strip()[-200:]
         return None
 
-    def ssh_true(self):
-        return subprocess.run(["ssh", "-F", self.ssh_config, "benchbox", "true"], capture_output=True,
+    def ssh_true(self, command="true"):
+        return subprocess.run(["ssh", "-F", self.ssh_config, "benchbox", command], capture_output=True,
                               timeout=60, stdin=subprocess.DEVNULL).returncode
 
     def rgt(self, *args):
@@ -371,18 +371,22 @@ class Bench(object):
         if launched.returncode != 0:
             raise Failed("rgt.py launch exited %d: %s" % (launched.returncode, launched.stderr.strip()[-300:]))
         self.run_dirs.append(os.path.join(durable, "runs", "st-1"))
-        trips, statuses = [], []
+        trips, statuses, pythons = [], [], []
         for _ in range(max(3, repeat)):
             start = time.monotonic()
             if self.ssh_true() != 0:
                 raise Failed("ssh benchbox true failed")
             trips.append(time.monotonic() - start)
             start = time.monotonic()
+            if self.ssh_true("python3 -c pass") != 0:
+                raise Failed("ssh benchbox python3 -c pass failed")
+            pythons.append(time.monotonic() - start)
+            start = time.monotonic()
             res = self.rgt("--json", "status", "benchbox", "st-1")
             statuses.append(time.monotonic() - start)
             if res.returncode != 0:
                 raise Failed("rgt.py status exited %d: %s" % (res.returncode, res.stderr.strip()[-300:]))
-        return (statistics.median(statuses), statistics.median(trips)), None
+        return (statistics.median(statuses), statistics.median(trips), statistics.median(pythons)), None
 
 
     def make_pull_data(self, root, big_mb, count):
@@ -501,8 +505,10 @@ def main(argv=None):
         if medians is None:
             return figure("status trip", None, "<= 1.3x one ssh round trip", None, "SKIPPED: %s" % why)
         ratio = medians[0] / medians[1]
+        # the node's own interpreter start-up is part of every status (a pyenv shim can cost more than the login)
         return figure("status trip", ratio, "<= 1.3x one ssh round trip", ratio <= 1.3,
-                      "rgt.py status %.3f s, ssh true %.3f s (medians)" % medians)
+                      "rgt.py status %.3f s, ssh true %.3f s, ssh python3 -c pass %.3f s (medians; one connection "
+                      "per command)" % medians)
 
     def pull():
         medians, why = bench.tar_pull(repeat)
