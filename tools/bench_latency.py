@@ -448,7 +448,9 @@ def figure(name, value, target, ok, detail):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Measure the GUIDE §9 latencies with real processes.")
+    parser = argparse.ArgumentParser(description="Measure the GUIDE §9 latencies with real processes.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__[__doc__.index("Exit codes:"):].strip())
     parser.add_argument("--quick", action="store_true", help="one repetition, short windows")
     parser.add_argument("--repeat", type=int, default=None, help="repetitions of each figure (default 3)")
     parser.add_argument("--json", action="store_true", help="one JSON document")
