@@ -285,18 +285,6 @@ class StallGuard:
         self.thread.join(5)
 
 
-class CountingReader:
-    """A file object for tarfile's stream mode that tells a StallGuard about every chunk."""
-
-    def __init__(self, raw, guard):
-        self.raw, self.guard = raw, guard
-
-    def read(self, size=-1):
-        data = self.raw.read(size)
-        self.guard.moved(len(data))
-        return data
-
-
 def stall_text(seconds):
     return ("STALLED: the node sent nothing for %d s (a stalled link, node or disk there); what arrived is kept: "
             "re-run the same command to continue" % seconds)
@@ -629,6 +617,7 @@ class TarStream:
             count = self.raw.readinto(self.buffer[:min(left, len(self.buffer))])
             if not count:
                 return
+            self.guard.moved(count)
             left -= count
 
 
