@@ -26,7 +26,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.join(HERE, "node") not in sys.path:
     sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
-import notify as node_notify  # noqa: E402  (the node module: the same validation runs here and on the node)
 
 HELP = "notifications from the node: setup HOST --from FILE, test HOST"
 
@@ -53,6 +52,7 @@ def add_parser(sub, shared):
 
 def read_local_config(path):
     """FILE's bytes after the same validation the node runs (UsageError names the problem, never a secret)."""
+    import notify as node_notify   # the node module (the same validation as there); imported only when needed
     try:
         with open(path, "rb") as handle:
             raw = handle.read(node_notify.MAX_CONFIG_BYTES + 1)

@@ -22,9 +22,11 @@ What it does, in order:
      (--transport, default auto): rsync when both ends have it, with --partial-dir=.rsync-partial, so
      a re-run after Ctrl-C, a dropped connection or a crash continues from the bytes already there;
      otherwise one tar stream (`tar -ch` on the node over ssh, or locally; python3's tarfile where there
-     is no tar: the summary's transfer.packer says which), unpacked member by member
-     with only listed regular files accepted, resumable per file: files already in staging with the
-     manifest's size and hash are not sent again. The summary says which transport ran. A transfer that
+     is no tar: the summary's transfer.packer says which), read straight from the pipe
+     member by member with only listed regular files accepted (an extra, repeated or linked member, or a
+     header whose size is not the manifest's, fails the pull before its bytes land), each file hashed as
+     it is written so step 3 need not read it again; resumable per file: files already in staging with
+     the manifest's size and hash are not sent again. The summary says which transport ran; a transfer that
      receives no byte for --stall-seconds S (default 300) is ended as STALLED, keeping what arrived;
   3. verifies the staging tree in parallel: missing, extra, truncated or oversized files, changed
      bytes, symlinks and special files each get their own FAIL line naming the file. Files that fail
@@ -67,13 +69,14 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
 import rgt_core as core  # noqa: E402
 from evidence import (MANIFEST_NAME, PARTIAL_DIR, VERIFIED_NAME, file_set, parse_manifest, problem,  # noqa: E402
-                      verify_tree)
+                      verify_tree, written_identity)
 
 atomic_write, fsync_dir, human, utc_now = core.atomic_write, core.fsync_dir, core.human_bytes, core.utc_iso
 VERIFIED_SCHEMA = "rgt-pull-verified/1"
 RSYNC_TEMP_RE = re.compile(r"^\.(.+)\.[A-Za-z0-9]{6}$")
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 MAX_REPORTED = 50
+TAR_CHUNK = 1 << 20     # the tar stream is read, hashed and written in pieces of this size
 
 
 UsageError = core.UsageError  # exit 2
@@ -85,6 +88,11 @@ class FetchError(Exception):
 
 class SizeMismatch(tarfile.TarError):
     """A tar member's header claims another size than the manifest's: refused before anything is written."""
+
+
+class UnexpectedMember(tarfile.TarError):
+    """A tar member the manifest does not list as a regular file (an extra file, a traversal, a link, a second
+    copy): the pull fails even when every listed file arrived, and nothing of the member is written."""
 
 
 class Interrupted(Exception):
@@ -278,18 +286,6 @@ class StallGuard:
         self.thread.join(5)
 
 
-class CountingReader:
-    """A file object for tarfile's stream mode that tells a StallGuard about every chunk."""
-
-    def __init__(self, raw, guard):
-        self.raw, self.guard = raw, guard
-
-    def read(self, size=-1):
-        data = self.raw.read(size)
-        self.guard.moved(len(data))
-        return data
-
-
 def stall_text(seconds):
     return ("STALLED: the node sent nothing for %d s (a stalled link, node or disk there); what arrived is kept: "
             "re-run the same command to continue" % seconds)
@@ -377,6 +373,7 @@ class TarRun:
         self.entries = {e["path"]: e for e in manifest["files"]}
         self.proc = None
         self.packer = "tar"  # or "python3" where the sending end has no tar
+        self.hashed = {}     # path -> (sha256, identity) of each file hashed as it was written (verify_tree)
 
     def already_good(self):
         """Paths whose staging copy verifies already (size first, then the hash)."""
@@ -413,7 +410,7 @@ class TarRun:
         err = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                         **child_options(self.keep_fds))
+                                         bufsize=0, **child_options(self.keep_fds))
         except OSError as exc:
             result.update(rc=127, stderr_tail=["cannot run %s: %s" % (argv[0], exc.strerror or exc)])
             return result
@@ -426,6 +423,10 @@ class TarRun:
         except SizeMismatch as exc:
             result["size_refused"] = str(exc)
             result["stderr_tail"].append(str(exc))
+            broken = True
+        except UnexpectedMember as exc:
+            result["member_refused"] = str(exc)
+            result["stderr_tail"].append("tar stream refused: %s" % exc)
             broken = True
         except (tarfile.TarError, OSError, EOFError) as exc:
             result["stderr_tail"].append("tar stream broken: %s" % exc)
@@ -461,33 +462,39 @@ class TarRun:
             pass
 
     def _unpack(self, wanted, result, guard):
-        with tarfile.open(fileobj=CountingReader(self.proc.stdout, guard), mode="r|") as stream:
-            for member in stream:
-                rel = member.name[2:] if member.name.startswith("./") else member.name
-                if member.isdir():
-                    continue
-                if rel not in wanted or not member.isreg():
-                    raise tarfile.TarError("unexpected member %r in the stream (not a listed regular file)" % rel)
-                want = self.entries[rel]["size"]
-                if member.size != want or member.issparse():   # before the first byte lands on this disk
-                    raise SizeMismatch("size: %s: the node's tar header says %d bytes%s, the manifest says %d; "
-                                       "nothing of it was written" % (rel, member.size, " (sparse)"
-                                                                      if member.issparse() else "", want))
-                target = os.path.join(self.staging, rel)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                if os.path.islink(target) or os.path.isdir(target):
-                    raise tarfile.TarError("%s in staging is not a regular file; re-run with --fresh" % rel)
-                tmp = os.path.join(os.path.dirname(target), ".%s.rgt-part" % os.path.basename(target))
-                source = stream.extractfile(member)
-                try:
-                    with open(tmp, "wb") as out:
-                        shutil.copyfileobj(source, out, 1 << 20)
-                    os.replace(tmp, target)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
-                result["files_transferred"] += 1
-                result["literal_bytes"] += member.size
+        """Read the one stream member by member (TarStream): each listed regular file is written to a temp name,
+        hashed as it is written (so verification needs no second read) and renamed into place. A member that is
+        not a listed regular file, a second copy of one, or a header whose size is not the manifest's ends the
+        pull before any of its bytes reach the disk."""
+        stream = TarStream(self.proc.stdout, guard)
+        for name, size, kind in stream.members():
+            rel = name[2:] if name.startswith("./") else name
+            if kind == "dir":
+                continue
+            if rel not in wanted or kind != "file":
+                raise UnexpectedMember("unexpected member %r in the stream (not a listed regular file%s)"
+                                       % (rel, ", or sent twice" if rel in self.hashed else ""))
+            want = self.entries[rel]["size"]
+            if size != want:   # before the first byte lands on this disk
+                raise SizeMismatch("size: %s: the node's tar header says %d bytes, the manifest says %d; "
+                                   "nothing of it was written" % (rel, size, want))
+            wanted.discard(rel)
+            target = os.path.join(self.staging, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if os.path.islink(target) or os.path.isdir(target):
+                raise tarfile.TarError("%s in staging is not a regular file; re-run with --fresh" % rel)
+            tmp = os.path.join(os.path.dirname(target), ".%s.rgt-part" % os.path.basename(target))
+            try:
+                with open(tmp, "wb", buffering=0) as out:
+                    digest = stream.copy_member(size, out)
+                    written = os.fstat(out.fileno())
+                os.replace(tmp, target)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            self.hashed[rel] = (digest, written_identity(written))
+            result["files_transferred"] += 1
+            result["literal_bytes"] += size
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc is not None and self.proc.poll() is None:
@@ -496,6 +503,153 @@ class TarRun:
                 self.proc.wait(10)
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
+
+
+class TarStream:
+    """A tar stream read straight from a pipe: headers parsed one 512-byte block at a time (ustar, GNU long
+    names, pax `path`/`size` records), member data read into one reused buffer, hashed and written with no
+    copy in Python, so the pull keeps pace with `ssh tar | tar`. Sparse members and pax sparse records are
+    reported as kind "sparse"; links, devices and FIFOs as "other"; the caller decides what to refuse."""
+
+    DRAIN_LIMIT = 1 << 20     # after the end marker, at most this much record padding is read and dropped
+
+    def __init__(self, raw, guard):
+        self.raw, self.guard = raw, guard
+        self.buffer = memoryview(bytearray(TAR_CHUNK))
+        self.block = memoryview(bytearray(tarfile.BLOCKSIZE))
+        self.pending = 0          # data bytes (and padding) of the current member not read yet
+        _grow_pipe(raw)
+
+    def _fill(self, view, at_header=False) -> bool:
+        """Fill VIEW from the stream; False on a clean end before its first byte (only AT_HEADER)."""
+        got, want = 0, len(view)
+        while got < want:
+            count = self.raw.readinto(view[got:])
+            if not count:
+                if at_header and got == 0:
+                    return False
+                raise tarfile.ReadError("the stream ended inside a member (cut off after %d of %d bytes)"
+                                        % (got, want))
+            got += count
+            self.guard.moved(count)
+        return True
+
+    def _read_bytes(self, size) -> bytes:
+        """A small member's data (a long name or a pax header) with its padding; bounded."""
+        if size > 1 << 20:
+            raise tarfile.HeaderError("a %d-byte name or pax header; refusing to read it" % size)
+        padded = -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+        data = bytearray(padded)
+        self._fill(memoryview(data))
+        return bytes(data[:size])
+
+    def members(self):
+        """Yield (name, size, kind) per member; kind is file, dir, sparse or other. The caller reads a file's
+        data with copy_member(size, out) before asking for the next member (the rest is skipped otherwise)."""
+        long_name, pax = None, {}
+        while True:
+            if self.pending:
+                self._skip(self.pending)
+            if not self._fill(self.block, at_header=True):
+                return
+            if not any(self.block):
+                self._drain()
+                return
+            info = tarfile.TarInfo.frombuf(bytes(self.block), "utf-8", "surrogateescape")
+            kind_byte = info.type
+            if kind_byte in (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+                data = self._read_bytes(info.size).split(b"\0", 1)[0]
+                if kind_byte == tarfile.GNUTYPE_LONGNAME:
+                    long_name = data.decode("utf-8", "surrogateescape")
+                continue
+            if kind_byte in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE):
+                records = _pax_records(self._read_bytes(info.size))
+                if kind_byte != tarfile.XGLTYPE:
+                    pax = records
+                continue
+            name = pax.get("path") or long_name or info.name
+            size = info.size
+            if "size" in pax:
+                try:
+                    size = int(pax["size"])
+                except ValueError:
+                    raise tarfile.HeaderError("pax size %r is not a number" % pax["size"])
+            sparse = kind_byte == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse.") for k in pax)
+            long_name, pax = None, {}
+            if sparse:
+                kind = "sparse"
+            elif kind_byte in tarfile.REGULAR_TYPES:
+                kind = "file"
+            elif kind_byte == tarfile.DIRTYPE:
+                kind = "dir"
+            else:
+                kind = "other"
+            self.pending = -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE if kind in ("file", "dir") else 0
+            yield name, size, kind
+
+    def copy_member(self, size, out) -> str:
+        """Copy the current member's SIZE data bytes to OUT, hashing them on the way; returns the SHA-256."""
+        digest = hashlib.sha256()
+        left = size
+        while left:
+            view = self.buffer[:min(left, len(self.buffer))]
+            self._fill(view)
+            digest.update(view)          # the bytes hashed are the bytes written
+            done = 0
+            while done < len(view):
+                done += out.write(view[done:])
+            left -= len(view)
+        padding = self.pending - size
+        if padding:
+            self._fill(self.block[:padding])
+        self.pending = 0
+        return digest.hexdigest()
+
+    def _skip(self, count):
+        while count:
+            view = self.buffer[:min(count, len(self.buffer))]
+            self._fill(view)
+            count -= len(view)
+        self.pending = 0
+
+    def _drain(self):
+        left = self.DRAIN_LIMIT
+        while left > 0:
+            count = self.raw.readinto(self.buffer[:min(left, len(self.buffer))])
+            if not count:
+                return
+            self.guard.moved(count)
+            left -= count
+
+
+def _pax_records(data: bytes) -> dict:
+    """The "LEN key=value\n" records of a pax header."""
+    records, at = {}, 0
+    while at < len(data):
+        space = data.find(b" ", at)
+        if space < 0:
+            break
+        try:
+            length = int(data[at:space])
+        except ValueError:
+            raise tarfile.HeaderError("a pax header record has no length")
+        if length <= 0 or at + length > len(data):
+            raise tarfile.HeaderError("a pax header record overruns its header")
+        key, _, value = data[space + 1:at + length - 1].partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        at += length
+    return records
+
+
+def _grow_pipe(raw):
+    """Let the sender run up to 1 MiB ahead of us (Linux F_SETPIPE_SZ; elsewhere the default stays)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import fcntl
+        fcntl.fcntl(raw.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), TAR_CHUNK)   # 1031: Linux, Python < 3.10
+    except (ImportError, OSError, ValueError, AttributeError):
+        pass
 
 
 def verify_tree_subset(root, manifest, jobs):
@@ -707,11 +861,14 @@ def main(argv=None) -> int:
         summary["transfer"] = transfer
         if transport == "rsync":
             summary["rsync"] = transfer  # the name older callers read
-        problems, _ = verify_tree(staging, manifest, args.jobs)
-        if problems or transfer.get("size_refused"):
+        # files the tar stream hashed while writing them are not read again (their identity must still hold)
+        problems, _ = verify_tree(staging, manifest, args.jobs, hashed=getattr(rsync_job, "hashed", None))
+        if problems or transfer.get("size_refused") or transfer.get("member_refused"):
             park_bad_files(staging, problems)
             if transfer.get("size_refused"):
                 problems.insert(0, problem("size", summary["source"], transfer["size_refused"]))
+            elif transfer.get("member_refused"):
+                problems.insert(0, problem("extra", summary["source"], transfer["member_refused"]))
             elif transfer.get("stalled_seconds"):
                 problems.insert(0, problem("stalled", summary["source"], stall_text(transfer["stalled_seconds"])))
             elif transfer["rc"] != 0:

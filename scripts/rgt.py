@@ -3,7 +3,10 @@
 
 Every command builds its ssh call from argv (each remote word quoted; "~/" kept for the node's
 shell to expand), so no user input is ever pasted into a shell string. HOST is an ssh alias or
-user@host; -p/-i/--ssh-config add the usual ssh options. Every push, launch, pull and gate is
+user@host; -p/-i/--ssh-config add the usual ssh options. All the ssh calls of one command (push makes
+three, pull and gate several) share one connection: a multiplexing master whose socket sits in a private
+folder under /tmp, closed when the command ends (RGT_SSH_MUX=0 turns this off; RGT_SSH_CONTROL_PARENT
+moves the folder). Every push, launch, pull and gate is
 appended to a run ledger in the user's state dir (host, profile, run id, attempt, state, time), so
 `rgt.py ledger` can list what may still bill; a relaunched attempt is listed again until gated.
 
@@ -93,6 +96,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -128,7 +132,17 @@ def remote_command(*argvs, cwd=None):
     return " && ".join(parts)
 
 
+MUX_PERSIST_S = 60      # an idle master outlives a crashed rgt.py by at most this long
+SOCKET_PATH_MAX = 100   # sockaddr_un holds 104-108 bytes; ssh first binds PATH plus 17 characters
+
+
 class Ssh(object):
+    """ssh to one box. Every call of one rgt.py command shares ONE connection: the first call opens a
+    multiplexing master (ControlMaster=auto) whose socket lives in a private 0700 folder made for this command
+    under /tmp (a short path: socket paths are limited to about 104 bytes); close() ends the master
+    (`ssh -O exit`) and removes the folder. The tools rgt.py starts (pull, gate) get the same options in
+    `rsh`, so their rsync and tar streams ride the same connection. -F, -p and -i pass through unchanged."""
+
     def __init__(self, host, port=None, identity=None, config=None):
         if not HOST_RE.match(host or ""):  # an alias, user@host, host:port-free name or [v6]; never an option
             raise core.UsageError("HOST %r is not an ssh alias or user@host" % host)
@@ -142,6 +156,39 @@ class Ssh(object):
             self.base += ["-i", identity]
         # a dropped link or a frozen node is noticed in about a minute instead of never (pull, gate, status)
         self.base += ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+        self.control_dir = self.control_path = None
+        self._open_mux()
+
+    def _open_mux(self):
+        """Add the multiplexing options, or leave them out (RGT_SSH_MUX=0, no unix sockets, a parent folder
+        whose path is too long or holds characters ssh would expand): then each call connects on its own."""
+        if os.name != "posix" or os.environ.get("RGT_SSH_MUX", "1") == "0":
+            return
+        parent = os.environ.get("RGT_SSH_CONTROL_PARENT") or ("/tmp" if os.path.isdir("/tmp") else None)
+        try:
+            folder = tempfile.mkdtemp(prefix="rgt-", dir=parent)     # mode 0700, a fresh random name
+        except OSError:
+            return
+        path = os.path.join(folder, "m")
+        if len(path.encode()) > SOCKET_PATH_MAX or re.search(r"[%\s]", path):
+            os.rmdir(folder)
+            return
+        self.control_dir, self.control_path = folder, path
+        self.base += ["-o", "ControlMaster=auto", "-o", "ControlPath=" + path,
+                      "-o", "ControlPersist=%d" % MUX_PERSIST_S]
+
+    def close(self):
+        """End the master (when one was opened) and remove the control folder. Never raises."""
+        if not self.control_dir:
+            return
+        try:
+            if os.path.exists(self.control_path):
+                subprocess.run(self.base + ["-O", "exit", self.host], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            pass
+        shutil.rmtree(self.control_dir, ignore_errors=True)
+        self.control_dir = None
 
     @property
     def rsh(self):
@@ -1045,6 +1092,8 @@ def main(argv=None):
     except Unreachable as exc:
         core.say_error(str(exc), "rgt.py")
         return SSH_UNREACHABLE
+    finally:
+        ssh.close()   # one connection per command: the master ends with it
 
 
 def cmd_notify(args, ssh):

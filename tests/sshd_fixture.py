@@ -25,8 +25,11 @@ from conftest import need, path_without
 
 
 class SshdServer:
-    def __init__(self, base: Path, sshd: str, ssh: str, keygen: str, node_path: str = None):
+    def __init__(self, base: Path, sshd: str, ssh: str, keygen: str, node_path: str = None, log_level: str = "ERROR",
+                 client_mux: bool = True):
         self.base = base
+        self.log_level = log_level      # INFO logs one "Accepted publickey" line per connection (test_fast_paths)
+        self.client_mux = client_mux    # False: the client config does not multiplex (each ssh connects anew)
         self.node_path = node_path  # PATH of every session on the "node" (None: sshd's default)
         self.sshd, self.ssh, self.keygen = sshd, ssh, keygen
         self.alias = "gpu-box"
@@ -89,7 +92,7 @@ class SshdServer:
                 "StrictModes no",
                 "UsePAM no",
                 "MaxStartups 50:30:100",
-                "LogLevel ERROR",
+                f"LogLevel {self.log_level}",
                 "Subsystem sftp internal-sftp",
             ] + self._set_env() + [""]))
             # Pin the throwaway host key: no trust-on-first-use, nothing in ~/.ssh/known_hosts.
@@ -109,11 +112,11 @@ class SshdServer:
                 "  LogLevel ERROR",
                 # One multiplexed connection, as many users configure for a rented node: every
                 # transfer still goes through this sshd, minus ~0.4 s of handshake per command.
+            ] + ([
                 "  ControlMaster auto",
                 f"  ControlPath {self.control_dir}/cm-%C",
                 "  ControlPersist 300",
-                "",
-            ]))
+            ] if self.client_mux else ["  ControlMaster no"]) + [""]))
             with open(self.log, "ab") as log:
                 self.proc = subprocess.Popen([self.sshd, "-D", "-e", "-f", str(cfg)],
                                              stdout=log, stderr=log, stdin=subprocess.DEVNULL)

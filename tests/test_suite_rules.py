@@ -111,7 +111,7 @@ def test_bench_latency_quick_prints_every_line(tmp_path, ssh_sessions_allowed):
     assert res.returncode in (0, 1), res.stdout[-2000:] + res.stderr[-2000:]
     report = json.loads(res.stdout)
     names = [f["name"] for f in report["figures"]]
-    assert names == ["immediate exit", "dead-man delay", "boot -> training", "idle -> stop", "status trip"]
+    assert names == ["immediate exit", "dead-man delay", "boot -> training", "idle -> stop", "status trip", "tar pull"]
     for fig in report["figures"]:
         assert fig["target"] and fig["detail"], fig
         assert "FAILED" not in fig["detail"], fig              # a missed target is fine here; a broken bench is not
