@@ -177,8 +177,9 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.timeout(900)
 def test_slurm_warns_checkpoints_requeues_and_resumes(tmp_path):
-    """The rendered script on a real slurmctld + slurmd: USR1 before the 1-minute limit -> the job saves ->
+    """The rendered script on a real slurmctld + slurmd: USR1 before the 2-minute limit -> the job saves ->
     the script requeues it -> attempt 2 resumes from that checkpoint and finishes; two tasks on one node stand in
     for two nodes, so torchrun's c10d rendezvous forms a world of 2. Deadlines are generous; nothing is timed."""
     for program in ("slurmctld", "slurmd", "munged", "sbatch"):
@@ -191,11 +192,13 @@ def test_slurm_warns_checkpoints_requeues_and_resumes(tmp_path):
     code.mkdir()
     (code / "trainer.py").write_text(TRAINER)
     durable = tmp_path / "durable"
-    total = 400  # attempt 1 sleeps 0.25 s a step, so the warning always comes first; attempt 2 runs flat out
+    # attempt 1 sleeps 0.25 s a step (200 s of steps), so the warning 20 s before the 2-minute limit always comes
+    # first; attempt 2 runs flat out and has a whole 2 minutes even on a loaded box (torch import, rendezvous)
+    total = 800
     req = request(tmp_path, name="cpu-drill", command=["trainer.py", str(total)], workdir=str(code), image=None,
                   env={"SLOW_S": "0.25", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
                   resources={"nodes": 1, "gpus_per_node": 0, "cpus_per_node": 1, "memory_gb": None,
-                             "gpu_type": None, "time_limit_minutes": 1},
+                             "gpu_type": None, "time_limit_minutes": 2},
                   outputs={"durable_dir": str(durable), "roster": ["final.json", "ckpt/ckpt-*.pt"], "pvc": None,
                            "bucket": None},
                   checkpoint={"save_seconds": 5, "warn_seconds": 20, "resume_args": []},
@@ -210,7 +213,7 @@ def test_slurm_warns_checkpoints_requeues_and_resumes(tmp_path):
         slurm.env = env
         # two tasks on the one node stand in for two nodes (command-line options override #SBATCH lines)
         job = slurm.run(["sbatch", "--parsable", "--ntasks-per-node=2", str(script)]).stdout.strip().split(";")[0]
-        end = time.monotonic() + 240
+        end = time.monotonic() + 480
         state = ""
         while time.monotonic() < end:
             state = slurm.job_field(job, "JobState")

@@ -6,12 +6,12 @@
 #   run_queue.sh [options] QUEUE_FILE
 #     --queue-dir DIR       state directory (default: QUEUE_FILE without extension + ".queue")
 #     --disk-floor-gb N     refuse a cell when free space is below N GiB (default $DISK_FLOOR_GB, else
-#                           the toolkit's one floor, as run_one.sh: `python3 rgt_core.py --default
-#                           disk_floor_gb`; it was 1 before 2026-12); measured on $DATA_DIR when set
+#                           the toolkit's one floor, as run_one.sh, read from rgt_core.py's
+#                           disk_floor_gb; it was 1 before 2026-12); measured on $DATA_DIR when set
 #                           (its nearest existing parent if it is not created yet), else the current
 #                           directory
 #     --inode-floor N       refuse a cell below N free inodes (default: the toolkit's one inode floor,
-#                           `python3 rgt_core.py --default min_free_inodes`; skipped on filesystems
+#                           rgt_core.py's min_free_inodes; skipped on filesystems
 #                           that report no inode count)
 #     --stop-grace S        when the queue is stopped, give the running cell's process group S seconds
 #                           after SIGTERM before SIGKILL (default 20: below the dead-man's 30 s job grace,
