@@ -12,7 +12,9 @@ starting/running/stalled/syncing but whose supervisor and job are gone:
   - otherwise, or with no attempts left: the run is marked failed ("the node restarted") and a
     dead-man is armed on it (the run's profile's stop), so the meter stops after the grace period
     unless someone acknowledges.
-Runs with a live supervisor, and finished runs, are left alone. A crash loop cannot bill forever:
+Runs with a live supervisor, job or launcher (a launch still starting), runs an explicit resume holds
+(RUN_DIR/resume.lock), and finished runs, are left alone; one sweep runs at a time on the box (an flock,
+boot_resume.lock beside the box registry), so a boot hook that fires twice resumes each run once. A crash loop cannot bill forever:
 besides --max-attempts, no run is resumed once its first attempt started more than --give-up-hours
 ago (default 48); it is re-armed instead.
 
@@ -86,8 +88,9 @@ def orphaned(run_dir):
     status = core.read_json(os.path.join(run_dir, "status.json"))
     if status.get("state") not in core.ACTIVE_RUN_STATES:
         return None
-    alive = (core.record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-             or core.record_alive(status.get("job_identity"), status.get("job_pid")))
+    # a launch still starting (its run_one.sh alive, no supervisor yet) is not orphaned (finding A5)
+    alive = any(core.record_alive(status.get(k + "_identity"), status.get(k + "_pid"))
+                for k in ("supervisor", "job", "launcher"))
     if alive:
         return None
     return status, core.read_json(os.path.join(run_dir, "run.json"))
@@ -121,7 +124,8 @@ def over_caps(run_dir, status, run, give_up_hours, max_attempts=None):
 
 
 def replay_argv(run):
-    words = list(run.get("launch_argv") or [])
+    import supervise
+    words = list(supervise.raw_launch(run.get("run_dir") or "", run)[1])
     cut = words.index("--") if "--" in words else len(words)
     return [w for w in words[:cut] if w not in DROP_ON_REPLAY] + words[cut:]
 
@@ -191,10 +195,26 @@ def resume(run_dir, status, run, dry_run, give_up_hours):
 
 def boot_sweep_one(run_dir, args):
     """One run of the boot sweep; a run whose records are damaged is reported (and re-armed when it can be),
-    never allowed to stop the sweep of the others."""
+    never allowed to stop the sweep of the others. A run that an explicit resume holds (its resume.lock) is
+    left to it; otherwise the sweep holds that lock itself while it decides and relaunches."""
+    import fcntl
     try:
-        found = orphaned(run_dir)
-        return resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours) if found else None
+        try:
+            lock = os.open(os.path.join(run_dir, RESUME_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            lock = None   # a read-only run dir: nothing can be resumed there anyway; orphaned() decides
+        try:
+            if lock is not None:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return {"run_dir": run_dir, "action": "left alone", "ok": True,
+                            "why": "another resume of this run is in progress"}
+            found = orphaned(run_dir)   # read under the lock, as it is now
+            return resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours) if found else None
+        finally:
+            if lock is not None:
+                os.close(lock)
     except Exception as exc:  # noqa: BLE001  (one broken run must not leave the rest unwatched)
         result = {"run_dir": run_dir, "action": "skipped", "ok": False,
                   "why": "unexpected %s: %s" % (type(exc).__name__, str(exc)[:200])}
@@ -351,6 +371,21 @@ def hand_over(run_dir, status, run, result):
     return (0 if ok else 1), result
 
 
+def sweep_lock():
+    """Hold the box-wide boot-sweep lock (an flock beside the box registry) until this process ends; a second
+    sweep waits for the first, then finds the runs it relaunched alive and leaves them alone."""
+    import fcntl
+    import runrec
+    folder = os.path.dirname(os.path.abspath(runrec.registry_dir()))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, "boot_resume.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise core.CheckFailed("cannot take the boot-sweep lock in %s: %s" % (folder, exc.strerror or exc))
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def main(argv=None):
     core.check_toolkit()
     parser = core.Parser(prog="boot_resume.py", description="After a restart: resume or re-arm unfinished runs.")
@@ -385,6 +420,7 @@ def main(argv=None):
     for runs in args.runs_dir:
         if not os.path.isdir(runs):
             raise core.UsageError("--runs-dir %s is not a directory" % runs)
+    box_lock = sweep_lock()   # one boot sweep at a time on this box (a hook firing twice, a person and a hook)
     results = []
     for runs in args.runs_dir:
         for name in sorted(os.listdir(runs)):

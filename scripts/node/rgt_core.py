@@ -164,8 +164,33 @@ def run_main(main, argv=None, prog=None):
         return EXIT_FAIL
 
 
+def printable(text):
+    """TEXT with any undecodable bytes of a file name (surrogateescape) shown as \\xNN: safe to print and record."""
+    if not isinstance(text, str):
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _printable_all(obj):
+    if isinstance(obj, dict):
+        return {printable(k): _printable_all(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_printable_all(v) for v in obj]
+    return printable(obj)
+
+
 def dumps(obj):
-    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    """JSON text that always encodes as UTF-8: a non-UTF-8 file name anywhere in OBJ is escaped (printable)."""
+    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return json.dumps(_printable_all(obj), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def emit_json(obj, stream=None):

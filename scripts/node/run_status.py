@@ -76,10 +76,10 @@ import time
 import rgt_core as core
 import evidence
 
-EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "running": 4, "syncing": 4,
+EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "interrupted": 1, "running": 4, "syncing": 4,
         "starting": 5, "stalled": 6, "deadman_fired": 7}
 EXIT_UNWATCHED = 8
-TERMINAL = {"succeeded", "failed", "sync_failed", "deadman_fired"}
+TERMINAL = {"succeeded", "failed", "sync_failed", "interrupted", "deadman_fired"}
 STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed")
 HINT = {
     "failed": "read job.log, fix the cause, then resume it as the next attempt: rgt.py resume HOST RID (on the "
@@ -89,6 +89,9 @@ HINT = {
                    "do NOT tear down",
     "stalled": "look at job.log and the process (py-spy dump, nvidia-smi); the dead-man fires at its "
                "own stall limit",
+    "interrupted": "stopped from outside (preemption, a stop, the dead-man) before it finished, whatever the "
+                   "trainer's exit code: resume it as the next attempt (rgt.py resume HOST RID; on the node "
+                   "boot_resume.py --run RUN_DIR)",
     "deadman_fired": "read DEADMAN_FIRED.json: check whether the meter really stopped and whether outputs "
                      "are durable before anything else",
 }
@@ -415,6 +418,9 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     elif state == "failed":
         word = "failed"
         r["reason"] = "job exited %s" % exit_code if exit_code is not None else "job failed"
+    elif state == "interrupted":
+        word = "interrupted"
+        r["reason"] = "stopped by %s; job exited %s" % (status.get("interrupted_by") or "a signal", exit_code)
     elif state == "sync_failed":
         word = "sync_failed"
         err = (sync or {}).get("error") if isinstance(sync, dict) else None
