@@ -26,13 +26,15 @@ a child in its own session, which a dropped ssh session or a killed resume does 
 its result in RUN_DIR/resume.json. Refused (exit 3) while an attempt is still live (its supervisor
 or job alive: a second live attempt is never started), while another resume of the run holds
 RUN_DIR/resume.lock, while the last dead-man is stopping the box, for a succeeded run, with no
-recorded launch, with a damaged attempt number, or past either cap. In the boot sweep a failed
+recorded launch, with a damaged attempt number, past either cap, or, unless --force-restart, when the
+launch has no resume adapter and the results dir holds verified outputs (the restart from step 0 would
+supersede them; they are kept as DURABLE/generations/RID/<attempt>/ either way, and the reply says so). In the boot sweep a failed
 relaunch re-arms the dead-man, and a run whose records are damaged is reported and re-armed without
 stopping the sweep of the others.
 
 Usage:
   boot_resume.py --runs-dir DIR [--runs-dir DIR]... [--give-up-hours H] [--dry-run] [--json]
-  boot_resume.py --run RUN_DIR [--max-attempts N] [--give-up-hours H] [--dry-run] [--json]
+  boot_resume.py --run RUN_DIR [--max-attempts N] [--give-up-hours H] [--force-restart] [--dry-run] [--json]
 
   @reboot  python3 ~/rgt-bin/boot_resume.py --runs-dir /workspace/durable/runs >> ~/rgt/boot.log 2>&1
 
@@ -290,10 +292,43 @@ def resume_checks(run_dir, status, run, args):
         return 3, result
     result["ok"] = True
     result.update(resume_plan(run))
+    lost = restart_loses(run, status, attempt)
+    if lost:
+        result["would_supersede"] = lost
+        if not args.force_restart:
+            if args.dry_run:
+                result["warning"] = (result.get("warning") or "") + "; " + lost["text"] + (
+                    ": a real resume refuses without --force-restart")
+            else:
+                result.update(ok=False, action="refused", why=lost["text"] + ": pass --force-restart to go ahead")
+                return 3, result
     if args.dry_run:
         result["action"] = "would resume"
         return 0, result
     return None, result
+
+
+def restart_loses(run, status, attempt):
+    """What a restart from step 0 (no resume adapter) would supersede: the verified durable outputs of the last
+    attempt (not its logs or record) -> {"attempt", "files", "kept_as", "text"}, or None."""
+    import supervise
+    if run.get("resume_arg"):
+        return None
+    results = run.get("results_dir") or ""
+    manifest = core.read_json(os.path.join(results, "PULL_MANIFEST.json"))
+    files = [e.get("path") for e in manifest.get("files") or [] if isinstance(e, dict)
+             and isinstance(e.get("path"), str) and not e["path"].startswith("logs/")
+             and e["path"] not in supervise.RECORD_NAMES]
+    if not files:
+        return None
+    sync = supervise.Sync(run.get("run_dir") or "", None)
+    kept_as = os.path.join(sync.generations_dir(), str(attempt))
+    text = ("the launch recorded no resume adapter (--resume-glob/--resume-arg): attempt %d restarts from step 0, "
+            "and its sync supersedes the verified durable results of attempt %d (%d output file(s): %s); they "
+            "are kept as generation %d in %s, but the pull and the gate then take the new attempt's"
+            % (attempt + 1, attempt, len(files), ", ".join(files[:3]) + (" ..." if len(files) > 3 else ""), attempt,
+               kept_as))
+    return {"attempt": attempt, "files": files, "kept_as": kept_as, "text": text}
 
 
 def resume_plan(run):
@@ -395,6 +430,9 @@ def main(argv=None):
     parser.add_argument("--give-up-hours", type=core.arg_number(float, 0.0, 1e6, low_open=True), default=48.0,
                         help="no resume once the first attempt started longer ago than this (default 48)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
+    parser.add_argument("--force-restart", action="store_true",
+                        help="with --run: resume a run that has no resume adapter although its restart from step 0 "
+                             "supersedes the verified durable outputs (they are kept as a generation)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     if bool(args.run) == bool(args.runs_dir):

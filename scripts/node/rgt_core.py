@@ -919,6 +919,11 @@ def run_activity(run_dir):
         out.update(live=True, why="attempt %s is %s (its process is alive)" % (attempt, state))
     elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
         out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
+    # which generation the results dir holds (the attempt whose verified sync wrote it), and the earlier ones kept
+    gen = read_json(os.path.join(run_dir, "generation.json")).get("attempt")
+    sync = status.get("sync") if isinstance(status.get("sync"), dict) else {}
+    kept = [g for g in sync.get("generations") or [] if isinstance(g, str)]
+    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept}
     return out
 
 

@@ -60,7 +60,7 @@ else the average since started_at (too low when the job resumed from a checkpoin
 the liveness checks are skipped when run.json names another host.
 
 Exit codes:
-  0 succeeded   1 failed or sync_failed   2 usage / not a run dir / unreadable state
+  0 succeeded   1 failed, sync_failed or interrupted   2 usage / not a run dir / unreadable state
   4 running (or syncing)   5 starting   6 stalled   7 dead-man fired
   8 finished but UNWATCHED (the dead-man is down or exited and never fired)
 """
@@ -80,7 +80,7 @@ EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "interrupted": 1, "runnin
         "starting": 5, "stalled": 6, "deadman_fired": 7}
 EXIT_UNWATCHED = 8
 TERMINAL = {"succeeded", "failed", "sync_failed", "interrupted", "deadman_fired"}
-STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed")
+STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed", "interrupted")
 HINT = {
     "failed": "read job.log, fix the cause, then resume it as the next attempt: rgt.py resume HOST RID (on the "
               "node: boot_resume.py --run RUN_DIR); it continues from a checkpoint if the trainer resumes by "
