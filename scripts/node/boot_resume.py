@@ -337,7 +337,7 @@ def resume_plan(run):
     import supervise
     extra, record = supervise.resume_choice(run)
     plan = {"resume_from": (record or {}).get("from"), "resume_args": extra, "warning": None,
-            "restored_from": (record or {}).get("restored_from")}
+            "restored_from": (record or {}).get("restored_from"), "written_by": (record or {}).get("written_by")}
     if record is None:
         plan["warning"] = ("the launch recorded no --resume-glob/--resume-arg: the job restarts with its original "
                            "arguments, from step 0 unless the trainer resumes by itself")
@@ -449,7 +449,8 @@ def main(argv=None):
             print("%s %s: %s%s" % (core.OK if r["ok"] else core.FAIL, os.path.basename(r["run_dir"]), r["action"],
                                    (" (%s)" % r["why"]) if r.get("why") else " as attempt %d" % r["attempt"]))
             if r.get("resume_from"):
-                print("resume: from %s%s, adds %s" % (r["resume_from"], " (put back from its verified durable copy "
+                print("resume: from %s (written by: %s)%s, adds %s" % (
+                    r["resume_from"], r.get("written_by") or "?", " (put back from its verified durable copy "
                                                       "%s)" % r["restored_from"] if r.get("restored_from") else "",
                                                       " ".join(r.get("resume_args") or [])))
             if r.get("warning"):

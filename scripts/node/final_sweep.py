@@ -15,7 +15,7 @@ it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
      is left alone (a note); changed and saved nowhere, it is a CONFLICT: no sync runs, because it
      would replace the verified copy;
   4. a missing, damaged or stale copy is synced again (the run's own end-of-run sync, supervise.py
-     sync --own-only: only files the run's own attempts recorded in its files.json, never another run's
+     sync, in its own-files mode: only files the run's own attempts recorded in its files.json, never another run's
      files from a shared working dir; copies hashed while copying, a damaged checkpoint never replaces a
      good copy), then checked again. --check-only reports instead of syncing.
 The sweep writes nothing but what the run's own sync writes, and never deletes anything.
@@ -124,11 +124,9 @@ def stale_outputs(run, status, manifest, notes, elsewhere):
         who, which = runrec.owner_of(run_dir, source, mine, others, windows)
         own_path = os.path.realpath(source) in {key[0] for key in mine}
         if who != "self" and not (who is None and own_path):   # never another run's file, nor a new one (R4)
-            ident = runrec.identity(source)
-            if entry is None or ident is None or ident[0] != entry["size"]:
-                notes.append("%s: left alone: %s" % (rel, "written by run %s" % which if who == "other" else
-                                                     "no attempt of this run wrote it (it changed after the run "
-                                                     "ended, or predates it)"))
+            notes.append("%s: left alone: %s" % (rel, "written by run %s" % which if who == "other" else
+                                                 "no attempt of this run wrote it (it changed after the run "
+                                                 "ended, or predates it)"))
             continue
         try:
             info = os.stat(source)

@@ -213,7 +213,7 @@ def disk_info(path):
 
 def sync_words(r):
     sync = r.get("sync")
-    if not sync or r["status"] not in ("succeeded", "sync_failed", "deadman_fired"):
+    if not sync or r["status"] not in ("succeeded", "sync_failed", "interrupted", "deadman_fired"):
         return None
     good = sync.get("ok") is True and sync.get("verified") is True
     count, size = sync.get("file_count"), sync.get("total_bytes")
@@ -221,9 +221,12 @@ def sync_words(r):
         isinstance(size, int) else None
     if not good:
         return "outputs NOT verified" + (": %s" % str(sync["error"])[:120] if sync.get("error") else "")
+    kept = sync.get("kept_generation") if isinstance(sync.get("kept_generation"), dict) else None
+    gen = ("; generation %s replaced attempt %s's results, kept in %s" % (sync.get("generation"), kept.get("attempt"),
+                                                                         kept.get("dir")) if kept else "")
     if r.get("outputs_declared") is False:
-        return "no outputs declared; logs synced and verified" + (" (%s)" % amount if amount else "")
-    return "outputs verified" + (" (%s)" % amount if amount else "")
+        return "no outputs declared; logs synced and verified" + (" (%s)" % amount if amount else "") + gen
+    return "outputs verified" + (" (%s)" % amount if amount else "") + gen
 
 
 def stale_daemon(run_dir, dm):
@@ -406,7 +409,8 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     sync = status.get("sync")
     if isinstance(sync, dict):
         r["sync"] = {k: sync.get(k) for k in ("ok", "verified", "error", "results_dir", "manifest", "file_count",
-                                              "total_bytes", "kept_previous", "finished_at")}
+                                              "total_bytes", "kept_previous", "finished_at", "generation",
+                                              "kept_generation", "left_out")}
 
     # -- decide
     quiet_for = activity_age if activity_age is not None else (
