@@ -37,7 +37,7 @@ import providers as pv  # noqa: E402
 
 PROVIDERS = ("runpod", "vastai", "lambda", "paperspace")
 UNKNOWN, STOPPED, IDLE, OK = ("UNKNOWN TO THE LEDGER", "STOPPED, STORAGE BILLING", "RUNNING, NO ACTIVE RUN", "OK")
-TERMINAL = ("succeeded", "failed", "sync_failed", "deadman_fired", "launch_failed", "dead-man fired")
+TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted", "deadman_fired", "launch_failed", "dead-man fired")
 
 
 # ---------------------------------------------------------------- the ledger, read for billing

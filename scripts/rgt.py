@@ -57,7 +57,9 @@ DURABLE_DIR/results/RID; later commands find both in the ledger. `rgt.py launch 
 resume: after a preemption or a failed attempt, relaunch the run's recorded launch in the same run dir as
 attempt N+1 (boot_resume.py --run on the node): its resume adapters pick the newest good checkpoint, the
 last attempt's dead-man hands over to the new one. Refused (exit 3) while an attempt is still live, for a
-succeeded run, or past the attempt cap (--max-attempts overrides the launch's) or --give-up-hours.
+succeeded run, past the attempt cap (--max-attempts overrides the launch's) or --give-up-hours, and for a
+run with no resume adapter whose verified outputs its restart from step 0 would supersede, unless
+--force-restart (the old outputs are then kept on the node as a generation, DURABLE_DIR/generations/RID/N).
 
 sweep: before a box that ran several runs is released, final_sweep.py on it over the runs dirs the ledger
 knows for HOST (or --durable-dir's): every run verified on durable storage, stale ones synced again, what
@@ -716,6 +718,7 @@ def cmd_resume(args, ssh):
     if args.give_up_hours is not None:
         argv += ["--give-up-hours", str(args.give_up_hours)]
     argv += ["--dry-run"] if args.dry_run else []
+    argv += ["--force-restart"] if getattr(args, "force_restart", False) else []
     if not args.dry_run:
         ledger_writable(ledger_path(args.ledger))   # before the node acts: a new attempt never runs unrecorded
     # boot_resume waits up to 90 s for the old dead-man and 600 s for the relaunch: leave it room
@@ -741,6 +744,10 @@ def cmd_resume(args, ssh):
             print("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
         if result.get("warning"):
             print("WARN %s" % result["warning"])
+        lost = result.get("would_supersede")
+        if lost and result.get("ok"):
+            print("generation: attempt %s's verified outputs are kept in %s" % (lost.get("attempt"),
+                                                                             lost.get("kept_as")))
         if result.get("detail"):
             print("node: %s" % " ".join(result["detail"]))
         if result.get("action") == "resumed" and result.get("ok"):
@@ -750,7 +757,7 @@ def cmd_resume(args, ssh):
 
 PATROL_ESCALATE = 10
 PATROL_MARK = "@@rgt-exit "
-BAD_STATES = ("stalled", "failed", "sync_failed", "deadman_fired")
+BAD_STATES = ("stalled", "failed", "sync_failed", "interrupted", "deadman_fired")
 
 
 def patrol_verdict(st, min_free_gb):
@@ -1046,6 +1053,9 @@ def build_parser():
     p = host_cmd("resume", "relaunch a preempted or failed run as its next attempt", run_id=True)
     p.add_argument("--max-attempts", type=int, help="attempt cap for this resume (default: the launch's, 3)")
     p.add_argument("--give-up-hours", type=float, help="refuse once the first attempt started longer ago (48)")
+    p.add_argument("--force-restart", action="store_true",
+                   help="resume a run with no resume adapter even though its restart from step 0 supersedes the "
+                        "verified durable outputs (kept as a generation on the node)")
     p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
     p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)
     p.add_argument("--dest", default="pulled", help="local folder; the run lands in DEST/RID (default pulled)")

@@ -101,6 +101,16 @@ def run_activity(host, run_dir: str, rsh) -> dict:
 UsageError = core.UsageError
 
 
+def generation_line(activity) -> str:
+    """Which generation of the run's results the gate verified, and where earlier ones are kept on the node."""
+    gen = (activity or {}).get("generation") or {}
+    which = ("generation %s (the results of attempt %s)" % (gen["attempt"], gen["attempt"])
+             if gen.get("attempt") else "the current results (no generation recorded: a run from an older toolkit)")
+    kept = gen.get("kept") or []
+    return "verified %s%s" % (which, "; earlier generations kept on the node, NOT verified by this gate: "
+                              + ", ".join(kept) if kept else "")
+
+
 def gate_profile(name: str):
     """(profile, index path), or (None, reason) when no index is found; an unknown name is a UsageError."""
     path = core.profile_index_path()
@@ -429,6 +439,7 @@ def main(argv=None) -> int:
           f"{verdict['total_bytes']} bytes ({pv.human(verdict['total_bytes'])}) in {pulled_dir}")
     print(f"  match the node's current files ({node_mode}) and re-verified locally"
           + (f"; {len(checks)} load-check(s) passed" if checks else ""))
+    print("  " + generation_line(verdict.get("run_state")))
     for line in lines:
         print(line)
     print(SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source)))

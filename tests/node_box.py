@@ -15,7 +15,7 @@ from conftest import read_json as read
 
 RUN_ONE = str(NODE / "run_one.sh")
 DEADMAN = str(NODE / "deadman.py")
-TERMINAL = ("succeeded", "failed", "sync_failed")
+TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted")
 
 # The job: records what it saw at start, optionally writes outputs, sleeps, exits with a code.
 # On SIGTERM it writes a marker (its "checkpoint") and exits 143.

@@ -82,7 +82,7 @@ def test_third_party_trainer_preempted_and_resumed_as_attempt_two(tmp_path, box)
 
     # preemption: the supervisor gets SIGTERM and must pass the trainer its own signal, SIGINT
     os.kill(read(run_dir / "status.json")["supervisor_pid"], signal.SIGTERM)
-    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 90)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed", "interrupted"), 90)
     log = (run_dir / "job.log").read_text()
     assert "forwarding SIGINT" in log and "interrupted: saved step" in log
     saved = torch.load(box.work / "out" / "ckpt.pt")["step"]
@@ -95,7 +95,7 @@ def test_third_party_trainer_preempted_and_resumed_as_attempt_two(tmp_path, box)
     gate.unlink()
     second = subprocess.run(argv + [], cwd=str(box.work), env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
-    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 120)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed", "interrupted"), 120)
     status = read(run_dir / "status.json")
     assert status["attempt"] == 2 and status["resume"]["from"] == "out/ckpt.pt"
     assert status["resume"]["args"] == ["--resume", "out/ckpt.pt"]
@@ -122,7 +122,7 @@ def test_a_torn_checkpoint_is_put_back_from_its_verified_durable_copy(tmp_path, 
     run_dir = box.run_dir("torn")
     assert wait_for(lambda: (status_json(run_dir).get("step") or 0) >= 5, 90)
     os.kill(read(run_dir / "status.json")["supervisor_pid"], signal.SIGTERM)
-    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 90)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed", "interrupted"), 90)
     durable = box.durable / "results" / "torn" / "out" / "ckpt.pt"
     good = durable.read_bytes()
     saved = torch.load(durable)["step"]
@@ -134,7 +134,7 @@ def test_a_torn_checkpoint_is_put_back_from_its_verified_durable_copy(tmp_path, 
     gate.unlink()
     code, done, err = boot_resume(env, "--run", run_dir)
     assert code == 0 and done["action"] == "resumed", (done, err)
-    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed"), 120)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed", "interrupted"), 120)
     status = read(run_dir / "status.json")
     assert status["attempt"] == 2 and status["resume"]["restored_from"] == str(durable)
     assert status_json(run_dir)["resume"]["from"] == "out/ckpt.pt"   # run_status shows what it resumed from
@@ -261,9 +261,9 @@ def test_explicit_resume_refuses_a_live_attempt_then_hands_the_dead_man_over(tmp
     assert code == 3 and live["action"] == "refused" and "still live" in live["why"], live
     assert read(run_dir / "status.json")["attempt"] == 1 and not (run_dir / "previous").exists()
 
-    # preemption: SIGTERM to the supervisor; the run fails, its dead-man stays armed (grace 30 min)
+    # preemption: SIGTERM to the supervisor; the run is interrupted, its dead-man stays armed (grace 30 min)
     os.kill(read(run_dir / "status.json")["supervisor_pid"], signal.SIGTERM)
-    assert wait_for(lambda: read(run_dir / "status.json").get("state") == "failed", 90)
+    assert wait_for(lambda: read(run_dir / "status.json").get("state") == "interrupted", 90)
     first_deadman = read(run_dir / "deadman.json")["pid"]
     assert os.path.exists("/proc/%d" % first_deadman)
 

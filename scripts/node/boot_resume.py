@@ -12,7 +12,9 @@ starting/running/stalled/syncing but whose supervisor and job are gone:
   - otherwise, or with no attempts left: the run is marked failed ("the node restarted") and a
     dead-man is armed on it (the run's profile's stop), so the meter stops after the grace period
     unless someone acknowledges.
-Runs with a live supervisor, and finished runs, are left alone. A crash loop cannot bill forever:
+Runs with a live supervisor, job or launcher (a launch still starting), runs an explicit resume holds
+(RUN_DIR/resume.lock), and finished runs, are left alone; one sweep runs at a time on the box (an flock,
+boot_resume.lock beside the box registry), so a boot hook that fires twice resumes each run once. A crash loop cannot bill forever:
 besides --max-attempts, no run is resumed once its first attempt started more than --give-up-hours
 ago (default 48); it is re-armed instead.
 
@@ -24,13 +26,15 @@ a child in its own session, which a dropped ssh session or a killed resume does 
 its result in RUN_DIR/resume.json. Refused (exit 3) while an attempt is still live (its supervisor
 or job alive: a second live attempt is never started), while another resume of the run holds
 RUN_DIR/resume.lock, while the last dead-man is stopping the box, for a succeeded run, with no
-recorded launch, with a damaged attempt number, or past either cap. In the boot sweep a failed
+recorded launch, with a damaged attempt number, past either cap, or, unless --force-restart, when the
+launch has no resume adapter and the results dir holds verified outputs (the restart from step 0 would
+supersede them; they are kept as DURABLE/generations/RID/<attempt>/ either way, and the reply says so). In the boot sweep a failed
 relaunch re-arms the dead-man, and a run whose records are damaged is reported and re-armed without
 stopping the sweep of the others.
 
 Usage:
   boot_resume.py --runs-dir DIR [--runs-dir DIR]... [--give-up-hours H] [--dry-run] [--json]
-  boot_resume.py --run RUN_DIR [--max-attempts N] [--give-up-hours H] [--dry-run] [--json]
+  boot_resume.py --run RUN_DIR [--max-attempts N] [--give-up-hours H] [--force-restart] [--dry-run] [--json]
 
   @reboot  python3 ~/rgt-bin/boot_resume.py --runs-dir /workspace/durable/runs >> ~/rgt/boot.log 2>&1
 
@@ -86,8 +90,9 @@ def orphaned(run_dir):
     status = core.read_json(os.path.join(run_dir, "status.json"))
     if status.get("state") not in core.ACTIVE_RUN_STATES:
         return None
-    alive = (core.record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-             or core.record_alive(status.get("job_identity"), status.get("job_pid")))
+    # a launch still starting (its run_one.sh alive, no supervisor yet) is not orphaned (finding A5)
+    alive = any(core.record_alive(status.get(k + "_identity"), status.get(k + "_pid"))
+                for k in ("supervisor", "job", "launcher"))
     if alive:
         return None
     return status, core.read_json(os.path.join(run_dir, "run.json"))
@@ -121,7 +126,8 @@ def over_caps(run_dir, status, run, give_up_hours, max_attempts=None):
 
 
 def replay_argv(run):
-    words = list(run.get("launch_argv") or [])
+    import supervise
+    words = list(supervise.raw_launch(run.get("run_dir") or "", run)[1])
     cut = words.index("--") if "--" in words else len(words)
     return [w for w in words[:cut] if w not in DROP_ON_REPLAY] + words[cut:]
 
@@ -191,10 +197,26 @@ def resume(run_dir, status, run, dry_run, give_up_hours):
 
 def boot_sweep_one(run_dir, args):
     """One run of the boot sweep; a run whose records are damaged is reported (and re-armed when it can be),
-    never allowed to stop the sweep of the others."""
+    never allowed to stop the sweep of the others. A run that an explicit resume holds (its resume.lock) is
+    left to it; otherwise the sweep holds that lock itself while it decides and relaunches."""
+    import fcntl
     try:
-        found = orphaned(run_dir)
-        return resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours) if found else None
+        try:
+            lock = os.open(os.path.join(run_dir, RESUME_LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            lock = None   # a read-only run dir: nothing can be resumed there anyway; orphaned() decides
+        try:
+            if lock is not None:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return {"run_dir": run_dir, "action": "left alone", "ok": True,
+                            "why": "another resume of this run is in progress"}
+            found = orphaned(run_dir)   # read under the lock, as it is now
+            return resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours) if found else None
+        finally:
+            if lock is not None:
+                os.close(lock)
     except Exception as exc:  # noqa: BLE001  (one broken run must not leave the rest unwatched)
         result = {"run_dir": run_dir, "action": "skipped", "ok": False,
                   "why": "unexpected %s: %s" % (type(exc).__name__, str(exc)[:200])}
@@ -270,10 +292,43 @@ def resume_checks(run_dir, status, run, args):
         return 3, result
     result["ok"] = True
     result.update(resume_plan(run))
+    lost = restart_loses(run, status, attempt)
+    if lost:
+        result["would_supersede"] = lost
+        if not args.force_restart:
+            if args.dry_run:
+                result["warning"] = (result.get("warning") or "") + "; " + lost["text"] + (
+                    ": a real resume refuses without --force-restart")
+            else:
+                result.update(ok=False, action="refused", why=lost["text"] + ": pass --force-restart to go ahead")
+                return 3, result
     if args.dry_run:
         result["action"] = "would resume"
         return 0, result
     return None, result
+
+
+def restart_loses(run, status, attempt):
+    """What a restart from step 0 (no resume adapter) would supersede: the verified durable outputs of the last
+    attempt (not its logs or record) -> {"attempt", "files", "kept_as", "text"}, or None."""
+    import supervise
+    if run.get("resume_arg"):
+        return None
+    results = run.get("results_dir") or ""
+    manifest = core.read_json(os.path.join(results, "PULL_MANIFEST.json"))
+    files = [e.get("path") for e in manifest.get("files") or [] if isinstance(e, dict)
+             and isinstance(e.get("path"), str) and not e["path"].startswith("logs/")
+             and e["path"] not in supervise.RECORD_NAMES]
+    if not files:
+        return None
+    sync = supervise.Sync(run.get("run_dir") or "", None)
+    kept_as = os.path.join(sync.generations_dir(), str(attempt))
+    text = ("the launch recorded no resume adapter (--resume-glob/--resume-arg): attempt %d restarts from step 0, "
+            "and its sync supersedes the verified durable results of attempt %d (%d output file(s): %s); they "
+            "are kept as generation %d in %s, but the pull and the gate then take the new attempt's"
+            % (attempt + 1, attempt, len(files), ", ".join(files[:3]) + (" ..." if len(files) > 3 else ""), attempt,
+               kept_as))
+    return {"attempt": attempt, "files": files, "kept_as": kept_as, "text": text}
 
 
 def resume_plan(run):
@@ -282,7 +337,7 @@ def resume_plan(run):
     import supervise
     extra, record = supervise.resume_choice(run)
     plan = {"resume_from": (record or {}).get("from"), "resume_args": extra, "warning": None,
-            "restored_from": (record or {}).get("restored_from")}
+            "restored_from": (record or {}).get("restored_from"), "written_by": (record or {}).get("written_by")}
     if record is None:
         plan["warning"] = ("the launch recorded no --resume-glob/--resume-arg: the job restarts with its original "
                            "arguments, from step 0 unless the trainer resumes by itself")
@@ -351,6 +406,21 @@ def hand_over(run_dir, status, run, result):
     return (0 if ok else 1), result
 
 
+def sweep_lock():
+    """Hold the box-wide boot-sweep lock (an flock beside the box registry) until this process ends; a second
+    sweep waits for the first, then finds the runs it relaunched alive and leaves them alone."""
+    import fcntl
+    import runrec
+    folder = os.path.dirname(os.path.abspath(runrec.registry_dir()))
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(os.path.join(folder, "boot_resume.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise core.CheckFailed("cannot take the boot-sweep lock in %s: %s" % (folder, exc.strerror or exc))
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 def main(argv=None):
     core.check_toolkit()
     parser = core.Parser(prog="boot_resume.py", description="After a restart: resume or re-arm unfinished runs "
@@ -361,6 +431,9 @@ def main(argv=None):
     parser.add_argument("--give-up-hours", type=core.arg_number(float, 0.0, 1e6, low_open=True), default=48.0,
                         help="no resume once the first attempt started longer ago than this (default 48)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be done, change nothing")
+    parser.add_argument("--force-restart", action="store_true",
+                        help="with --run: resume a run that has no resume adapter although its restart from step 0 "
+                             "supersedes the verified durable outputs (they are kept as a generation)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     if bool(args.run) == bool(args.runs_dir):
@@ -377,7 +450,8 @@ def main(argv=None):
             print("%s %s: %s%s" % (core.OK if r["ok"] else core.FAIL, os.path.basename(r["run_dir"]), r["action"],
                                    (" (%s)" % r["why"]) if r.get("why") else " as attempt %d" % r["attempt"]))
             if r.get("resume_from"):
-                print("resume: from %s%s, adds %s" % (r["resume_from"], " (put back from its verified durable copy "
+                print("resume: from %s (written by: %s)%s, adds %s" % (
+                    r["resume_from"], r.get("written_by") or "?", " (put back from its verified durable copy "
                                                       "%s)" % r["restored_from"] if r.get("restored_from") else "",
                                                       " ".join(r.get("resume_args") or [])))
             if r.get("warning"):
@@ -386,6 +460,7 @@ def main(argv=None):
     for runs in args.runs_dir:
         if not os.path.isdir(runs):
             raise core.UsageError("--runs-dir %s is not a directory" % runs)
+    box_lock = sweep_lock()   # one boot sweep at a time on this box (a hook firing twice, a person and a hook)
     results = []
     for runs in args.runs_dir:
         for name in sorted(os.listdir(runs)):

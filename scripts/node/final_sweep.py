@@ -6,22 +6,28 @@ sync, some wrote more after it, some filled the disk. Releasing the box destroys
 it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
   1. a run whose supervisor or job is still alive is not touched: RUNNING (the box is not ready);
   2. the durable copy is checked: its PULL_MANIFEST.json parses and every file in it re-hashes;
-  3. the job's current outputs (the output globs in run.json, in the job's cwd) are compared with it:
+  3. the job's current outputs (the output globs in run.json, in the job's cwd) that the run's own attempts
+     wrote (files.json; for an attempt that died unrecorded, changed while it ran) are compared with it;
+     other files the globs match are left alone (a note):
      a file that is new, changed (size, then SHA-256) or missing from the durable copy makes it stale.
      A file changed after the run's own sync read its outputs may be another writer's (a later run in
      the same cwd, as in any queue or ablation): with the same bytes in another run's durable copy it
      is left alone (a note); changed and saved nowhere, it is a CONFLICT: no sync runs, because it
      would replace the verified copy;
   4. a missing, damaged or stale copy is synced again (the run's own end-of-run sync, supervise.py
-     sync: copies hashed while copying, a damaged checkpoint never replaces a good copy), then
-     checked again. --check-only reports instead of syncing.
+     sync, in its own-files mode: only files the run's own attempts recorded in its files.json, never another run's
+     files from a shared working dir; copies hashed while copying, a damaged checkpoint never replaces a
+     good copy), then checked again. --check-only reports instead of syncing.
 The sweep writes nothing but what the run's own sync writes, and never deletes anything.
 
 Usage:
   final_sweep.py --runs-dir DIR [--runs-dir DIR]... [--check-only] [--jobs N] [--json]
 
-Output: one line per run (OK, SYNCED, RUNNING, STALE, CONFLICT, FAILED) and a verdict; or --json:
-{"ok", "runs": [{"run_id", "run_dir", "verdict", "results_dir", "file_count", "problems", "left_alone"}]}.
+Output: one line per run (OK, SYNCED, SAVED, RUNNING, STALE, CONFLICT, FAILED) with the run's own state and
+exit code, and a verdict; OK only for a run that succeeded, SAVED for one whose outputs verify on
+durable storage but that crashed, was interrupted or failed its own sync. Or --json:
+{"ok", "runs": [{"run_id", "run_dir", "verdict", "state", "exit_code", "results_dir", "file_count", "problems",
+"left_alone"}]}.
 
 Exit codes: 0 every run's outputs are on durable storage and verify (safe to release, as far as the
 runs go: still pull and gate what you need); 1 at least one run is RUNNING, in CONFLICT, could not be
@@ -35,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import evidence  # noqa: E402
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402
 import supervise  # noqa: E402
 
 PROG = "final_sweep.py"
@@ -109,8 +116,18 @@ def stale_outputs(run, status, manifest, notes, elsewhere):
     cutoff = synced_at(status)
     own = run.get("run_id")
     stale, conflicts = [], []
+    run_dir = run.get("run_dir") or ""
+    mine, others = runrec.recorded(run_dir), runrec.other_owners(run_dir)
+    windows = runrec.unrecorded_windows(run_dir)
     for rel, source in sorted(plan.items()):
         entry = held.get(rel)
+        who, which = runrec.owner_of(run_dir, source, mine, others, windows)
+        own_path = os.path.realpath(source) in {key[0] for key in mine}
+        if who != "self" and not (who is None and own_path):   # never another run's file, nor a new one (R4)
+            notes.append("%s: left alone: %s" % (rel, "written by run %s" % which if who == "other" else
+                                                 "no attempt of this run wrote it (it changed after the run "
+                                                 "ended, or predates it)"))
+            continue
         try:
             info = os.stat(source)
             if entry is not None and info.st_size == entry["size"] and core.sha256_file(source)[1] == entry["sha256"]:
@@ -150,7 +167,8 @@ def sweep_one(run_dir, args):
     notes = []
     run, status, results, manifest, problems, conflicts = check(run_dir, args, notes)
     item = {"run_id": run.get("run_id") or status.get("run_id") or os.path.basename(run_dir), "run_dir": run_dir,
-            "results_dir": results, "state": status.get("state"), "file_count": None, "problems": problems,
+            "results_dir": results, "state": status.get("state"), "exit_code": status.get("exit_code"),
+            "file_count": None, "problems": problems,
             "left_alone": notes}
     if conflicts and not (status.get("state") in core.ACTIVE_RUN_STATES and alive(status)):
         item.update(verdict="CONFLICT", problems=conflicts + problems)
@@ -172,8 +190,8 @@ def sweep_one(run_dir, args):
     why = "found dead by final_sweep.py (state was %s); outputs synced as they were" % status.get("state")
     if died:
         core.update_json(os.path.join(run_dir, "status.json"), state="failed", ended_at=core.utc_iso(), error=why)
-    res = core.run_bounded([sys.executable, os.path.join(HERE, "supervise.py"), "sync", "--run-dir", run_dir],
-                           args.sync_timeout)
+    res = core.run_bounded([sys.executable, os.path.join(HERE, "supervise.py"), "sync", "--run-dir", run_dir,
+                            "--own-only"], args.sync_timeout)
     _run, _status, results, manifest, after, _conflicts = check(run_dir, args)
     if res.rc == 0 and not after:
         item.update(verdict="SYNCED", file_count=manifest["file_count"], problems=[], fixed=problems)
@@ -181,6 +199,20 @@ def sweep_one(run_dir, args):
         why = res.output.strip().splitlines()[-1:] or ["sync exit %s" % res.rc]
         item.update(verdict="FAILED", problems=after + ["sync: " + why[0][:300]])
     return item
+
+
+def state_text(item):
+    """The run's real state for the text line: 'state failed, exit 139'."""
+    code = item.get("exit_code")
+    return "state %s%s" % (item.get("state") or "unknown", "" if code is None else ", exit %s" % code)
+
+
+def text_word(item):
+    """OK only for a run that succeeded and whose outputs verify; a run that crashed, was interrupted or never
+    synced but whose outputs are now safe reads SAVED (its evidence is durable, its run did not succeed)."""
+    if item["verdict"] == "OK" and item.get("state") != "succeeded":
+        return "SAVED"
+    return item["verdict"]
 
 
 def main(argv=None):
@@ -207,7 +239,7 @@ def main(argv=None):
     else:
         for i in items:
             detail = "; ".join(i["problems"][:3]) if i["problems"] else "%s files verified" % i["file_count"]
-            print("%-8s %s: %s" % (i["verdict"], i["run_id"], detail))
+            print("%-8s %s (%s): %s" % (text_word(i), i["run_id"], state_text(i), detail))
             for note in i["left_alone"][:5]:
                 print("         note: %s" % note)
         if not items:

@@ -177,8 +177,33 @@ def run_main(main, argv=None, prog=None):
         return EXIT_FAIL
 
 
+def printable(text):
+    """TEXT with any undecodable bytes of a file name (surrogateescape) shown as \\xNN: safe to print and record."""
+    if not isinstance(text, str):
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _printable_all(obj):
+    if isinstance(obj, dict):
+        return {printable(k): _printable_all(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_printable_all(v) for v in obj]
+    return printable(obj)
+
+
 def dumps(obj):
-    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    """JSON text that always encodes as UTF-8: a non-UTF-8 file name anywhere in OBJ is escaped (printable)."""
+    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return json.dumps(_printable_all(obj), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def emit_json(obj, stream=None):
@@ -907,6 +932,11 @@ def run_activity(run_dir):
         out.update(live=True, why="attempt %s is %s (its process is alive)" % (attempt, state))
     elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
         out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
+    # which generation the results dir holds (the attempt whose verified sync wrote it), and the earlier ones kept
+    gen = read_json(os.path.join(run_dir, "generation.json")).get("attempt")
+    sync = status.get("sync") if isinstance(status.get("sync"), dict) else {}
+    kept = [g for g in sync.get("generations") or [] if isinstance(g, str)]
+    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept}
     return out
 
 

@@ -7,6 +7,7 @@
 #              [--max-hours H] [--deadman-dry-run] [--no-deadman] [--deadman-arg ARG]... [--wait]
 #              [--poll-seconds S] [--require-gpu] [--gpu-timeout S] [--json]
 #              [--stop-signal TERM|INT|HUP|USR1|USR2|QUIT] [--resume-glob GLOB --resume-arg TEMPLATE]
+#              [--resume-from PATH]
 #              [--progress-regex RE] [--total-steps N] [--auto-resume [--max-attempts N]] -- CMD [ARGS...]
 #
 # Adapters for training code we did not write (recorded in run.json, applied by the supervisor):
@@ -15,7 +16,9 @@
 #   --resume-glob GLOB    its checkpoints (relative to the job's cwd); with --resume-arg TEMPLATE
 #                         ("{}" = the path, e.g. the trainer's resume flag and {}) the resume arguments join CMD
 #                         only when a match exists and passes the content check: the newest good one,
-#                         skipping torn or empty ones (recorded in status.json "resume")
+#                         skipping torn or empty ones (recorded in status.json "resume"); only checkpoints
+#                         this run's own attempts wrote (files.json) count, never another run's in a shared dir
+#   --resume-from PATH    resume attempt 1 (or any) from this checkpoint, whoever wrote it (with --resume-arg)
 #   --progress-regex RE   read step and total from job.log lines (named groups step, total, or the
 #                         first two groups), so status has a step and an ETA without a heartbeat
 #   --total-steps N       the run's total steps, for a trainer that prints or writes none (run.json
@@ -124,7 +127,7 @@ while [ "$#" -gt 0 ]; do
     --poll-seconds) need_val "$@"; POLL=$2; shift 2 ;;
     --gpu-timeout) need_val "$@"; GPU_TIMEOUT=$2; shift 2 ;;
     --deadman-arg) need_val "$@"; DM_EXTRA+=("$2"); shift 2 ;;
-    --stop-signal|--resume-glob|--resume-arg|--progress-regex|--max-attempts|--total-steps)
+    --stop-signal|--resume-glob|--resume-arg|--resume-from|--progress-regex|--max-attempts|--total-steps)
       need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
     --auto-resume) ADAPT+=("--auto-resume"); shift ;;
     --deadman-dry-run) DM_DRY=1; shift ;;

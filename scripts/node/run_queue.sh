@@ -30,6 +30,9 @@
 # line makes it a new cell; inserting lines above finished cells renumbers them (comment lines
 # out instead of deleting them, and append new cells at the end).
 #
+# Under run_one.sh (RGT_RUN_DIR set), each cell's output is also copied to the queue's stderr, i.e. the run's
+# job.log, while the cell runs: a cell that only prints is progress, never a stall, for the run's dead-man.
+#
 # Each cell runs in its own session and process group (setsid). A cell ends when its whole process
 # group has exited: after the command returns, the queue waits for the background processes it left
 # (an async checkpoint writer, an uploader) before it records the result and starts the next cell.
@@ -380,8 +383,27 @@ if ! mkdir "$LOCK" 2>/dev/null; then
 fi
 put "$LOCK/pid" "$$"
 if proc_stat "$$"; then put "$LOCK/start_ticks" "$ST_START"; fi
+# Under run_one.sh (RGT_RUN_DIR set) the queue is the run's job: a cell's output must reach the run's job.log
+# (the queue's stderr), or the dead-man sees a healthy cell as stalled (finding A1). A relay (tail -f) copies
+# the cell's log there while the cell runs; it is this queue's child, stopped after the cell.
+RELAY=""
+start_relay() {
+    [ -n "${RGT_RUN_DIR:-}" ] || return 0
+    command -v tail >/dev/null 2>&1 || return 0
+    tail -c 0 -f "$1" >&2 </dev/null 3>&- &
+    RELAY=$!
+}
+# shellcheck disable=SC2329  # also called from the EXIT trap
+stop_relay() {
+    [ -n "$RELAY" ] || return 0
+    kill "$RELAY" 2>/dev/null
+    wait "$RELAY" 2>/dev/null
+    RELAY=""
+}
+
 # shellcheck disable=SC2329  # called from the EXIT trap
 cleanup() {
+    stop_relay
     [ "$(get "$LOCK/pid")" = "$$" ] && rm -rf "$LOCK"
 }
 trap cleanup EXIT
@@ -439,6 +461,7 @@ stop_tick() {
 # Sets RC.
 run_cell() {
     local id=$1 cdir=$2 cmd=$3 said=0 again
+    start_relay "$cdir/log"
     if command -v setsid >/dev/null 2>&1; then
         RGT_CELL_ID="$id" RGT_CELL_DIR="$cdir" RGT_QUEUE_DIR="$QUEUE_DIR" \
             RGT_HEARTBEAT="${RGT_HEARTBEAT:-$cdir/heartbeat.json}" \
@@ -487,6 +510,7 @@ run_cell() {
         sleep 0.2
     done
     CHILD=""
+    stop_relay
 }
 
 # ---------------------------------------------------------------- disk gate (the core's, via node_probe.py)

@@ -69,7 +69,7 @@ GPU figures come from nvidia-smi on THIS machine; the liveness checks are skippe
 names another host.
 
 Exit codes:
-  0 succeeded   1 failed or sync_failed   2 usage / not a run dir / unreadable state
+  0 succeeded   1 failed, sync_failed or interrupted   2 usage / not a run dir / unreadable state
   4 running (or syncing)   5 starting   6 stalled   7 dead-man fired
   8 finished but UNWATCHED (the dead-man is down or exited and never fired)
 """
@@ -85,11 +85,11 @@ import time
 import rgt_core as core
 import evidence
 
-EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "running": 4, "syncing": 4,
+EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "interrupted": 1, "running": 4, "syncing": 4,
         "starting": 5, "stalled": 6, "deadman_fired": 7}
 EXIT_UNWATCHED = 8
-TERMINAL = {"succeeded", "failed", "sync_failed", "deadman_fired"}
-STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed")
+TERMINAL = {"succeeded", "failed", "sync_failed", "interrupted", "deadman_fired"}
+STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed", "interrupted")
 HINT = {
     "failed": "read job.log, fix the cause, then resume it as the next attempt: rgt.py resume HOST RID (on the "
               "node: boot_resume.py --run RUN_DIR); it continues from a checkpoint if the trainer resumes by "
@@ -98,6 +98,9 @@ HINT = {
                    "do NOT tear down",
     "stalled": "look at job.log and the process (py-spy dump, nvidia-smi); the dead-man fires at its "
                "own stall limit",
+    "interrupted": "stopped from outside (preemption, a stop, the dead-man) before it finished, whatever the "
+                   "trainer's exit code: resume it as the next attempt (rgt.py resume HOST RID; on the node "
+                   "boot_resume.py --run RUN_DIR)",
     "deadman_fired": "read DEADMAN_FIRED.json: check whether the meter really stopped and whether outputs "
                      "are durable before anything else",
 }
@@ -250,7 +253,7 @@ def disk_info(path):
 
 def sync_words(r):
     sync = r.get("sync")
-    if not sync or r["status"] not in ("succeeded", "sync_failed", "deadman_fired"):
+    if not sync or r["status"] not in ("succeeded", "sync_failed", "interrupted", "deadman_fired"):
         return None
     good = sync.get("ok") is True and sync.get("verified") is True
     count, size = sync.get("file_count"), sync.get("total_bytes")
@@ -258,9 +261,12 @@ def sync_words(r):
         isinstance(size, int) else None
     if not good:
         return "outputs NOT verified" + (": %s" % str(sync["error"])[:120] if sync.get("error") else "")
+    kept = sync.get("kept_generation") if isinstance(sync.get("kept_generation"), dict) else None
+    gen = ("; generation %s replaced attempt %s's results, kept in %s" % (sync.get("generation"), kept.get("attempt"),
+                                                                         kept.get("dir")) if kept else "")
     if r.get("outputs_declared") is False:
-        return "no outputs declared; logs synced and verified" + (" (%s)" % amount if amount else "")
-    return "outputs verified" + (" (%s)" % amount if amount else "")
+        return "no outputs declared; logs synced and verified" + (" (%s)" % amount if amount else "") + gen
+    return "outputs verified" + (" (%s)" % amount if amount else "") + gen
 
 
 def stale_daemon(run_dir, dm):
@@ -499,7 +505,8 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     sync = status.get("sync")
     if isinstance(sync, dict):
         r["sync"] = {k: sync.get(k) for k in ("ok", "verified", "error", "results_dir", "manifest", "file_count",
-                                              "total_bytes", "kept_previous", "finished_at")}
+                                              "total_bytes", "kept_previous", "finished_at", "generation",
+                                              "kept_generation", "left_out")}
 
     # -- decide
     quiet_for = activity_age if activity_age is not None else (
@@ -511,6 +518,9 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     elif state == "failed":
         word = "failed"
         r["reason"] = "job exited %s" % exit_code if exit_code is not None else "job failed"
+    elif state == "interrupted":
+        word = "interrupted"
+        r["reason"] = "stopped by %s; job exited %s" % (status.get("interrupted_by") or "a signal", exit_code)
     elif state == "sync_failed":
         word = "sync_failed"
         err = (sync or {}).get("error") if isinstance(sync, dict) else None

@@ -156,6 +156,8 @@ def set_status(run_dir, **fields):
         return "cannot lock status.json: %s" % (exc.strerror or exc)
     except core.UsageError as exc:   # status.json replaced by a link or a device: refuse, say so
         return str(exc)
+    except (ValueError, TypeError) as exc:  # never let an odd value (a file name, say) end the writer
+        return "cannot record status.json: %s: %s" % (type(exc).__name__, core.printable(str(exc)))
 
 
 def make_reserve(run_dir):
@@ -244,6 +246,124 @@ def active_neighbours(exclude=(), runs_dirs=(), stall_minutes=None, registry=Non
         if info["active"]:
             out.append(info)
     return out
+
+
+# ---------------------------------------------------------------- ownership: the files each attempt wrote
+
+FILES = "files.json"
+GENERATION = "generation.json"
+
+
+def identity(path):
+    """(size, mtime_ns) of PATH as it is now, or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def read_files(run_dir):
+    """files.json: {"attempts": {"N": {"files": {rel: {"path", "size", "mtime_ns"}}, "recorded_at"}}}."""
+    doc = core.read_json(path(run_dir, FILES))
+    attempts = doc.get("attempts") if isinstance(doc.get("attempts"), dict) else {}
+    return {"attempts": {k: v for k, v in attempts.items() if isinstance(v, dict) and isinstance(v.get("files"), dict)}}
+
+
+def record_files(run_dir, attempt, files):
+    """Add (or replace) ATTEMPT's list of the files it wrote: {rel: absolute path}. Best effort: the error text
+    or None. Written under the status lock, so two writers never lose each other's attempt."""
+    entries = {}
+    for rel, full in sorted(files.items()):
+        ident = identity(full)
+        if ident is not None:
+            entries[core.printable(rel)] = {"path": core.printable(os.path.realpath(full)), "size": ident[0],
+                                            "mtime_ns": ident[1]}
+    try:
+        with status_lock(run_dir):
+            doc = read_files(run_dir)
+            doc["attempts"][str(attempt)] = {"files": entries, "recorded_at": core.utc_iso()}
+            return core.write_json_best_effort(path(run_dir, FILES), doc, reserve=path(run_dir, RESERVE))
+    except OSError as exc:
+        return "cannot record files.json: %s" % (exc.strerror or exc)
+
+
+def recorded(run_dir):
+    """{(realpath, size, mtime_ns): attempt} over every attempt's record of RUN_DIR."""
+    out = {}
+    for attempt, item in read_files(run_dir)["attempts"].items():
+        for entry in item["files"].values():
+            if isinstance(entry, dict):
+                out[(entry.get("path"), entry.get("size"), entry.get("mtime_ns"))] = attempt
+    return out
+
+
+def attempt_docs(run_dir):
+    """status.json of every attempt of the run: the earlier ones (previous/*) first, the current one last."""
+    docs = []
+    try:
+        names = sorted(os.listdir(path(run_dir, PREVIOUS)))
+    except OSError:
+        names = []
+    for name in names:
+        doc = core.read_json(os.path.join(run_dir, PREVIOUS, name, STATUS))
+        if doc:
+            docs.append(doc)
+    docs.append(status(run_dir))
+    return docs
+
+
+def unrecorded_windows(run_dir):
+    """[(start, end)] epoch windows of attempts that ran a job but left no files record (they died with the box):
+    what they wrote can only be told by time. END None: still open (the attempt never recorded its end)."""
+    have = set(read_files(run_dir)["attempts"])
+    out = []
+    for doc in attempt_docs(run_dir):
+        if str(doc.get("attempt")) in have:
+            continue
+        start = doc.get("job_started_epoch")
+        if not isinstance(start, (int, float)) or isinstance(start, bool):
+            start = core.parse_iso(doc.get("started_at"))
+            start = None if start is None else start - 1.0
+        if start is None:
+            continue
+        end = core.parse_iso(doc.get("ended_at"))
+        out.append((start, None if end is None else end + 2.0))
+    return out
+
+
+def other_owners(run_dir, registry=None):
+    """{(realpath, size, mtime_ns): run id} of files other runs on the box recorded as theirs."""
+    mine = os.path.realpath(run_dir)
+    runs_dir = os.path.dirname(mine)
+    out = {}
+    for other in box_run_dirs([runs_dir], registry):
+        if os.path.realpath(other) == mine:
+            continue
+        for key in recorded(other):
+            out.setdefault(key, os.path.basename(other))
+    return out
+
+
+def owner_of(run_dir, full, mine=None, others=None, windows=None):
+    """Who wrote the file FULL as it is now: ("self", attempt) when an attempt of this run recorded it (or, for an
+    attempt that died unrecorded, it changed within that attempt's time); ("other", run id) when another run on
+    the box recorded it; (None, None) when nobody did."""
+    ident = identity(full)
+    if ident is None:
+        return None, None
+    key = (os.path.realpath(full), ident[0], ident[1])
+    mine = recorded(run_dir) if mine is None else mine
+    if key in mine:
+        return "self", mine[key]
+    others = other_owners(run_dir) if others is None else others
+    if key in others:
+        return "other", others[key]
+    mtime = ident[1] / 1e9
+    for start, end in (unrecorded_windows(run_dir) if windows is None else windows):
+        if mtime >= start and (end is None or mtime <= end):
+            return "self", "unrecorded"
+    return None, None
 
 
 def now_iso():

@@ -1,0 +1,352 @@
+"""Runs on one box keep their own evidence (issue 26): the field test's R1, R2, R4, R5, R13 and the node red
+team's A1, A5, A14 (../shared/reports/redteam-2026-12-03-node.md), each reproduced with real processes, and
+one drill with four runs sharing a working dir.
+
+Every wait is on a state a tool records (status.json, a file, /proc/locks), never on a sleep.
+"""
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import NODE, SCRIPTS, wait_for
+from conftest import read_json as read
+
+RUN_ONE = str(NODE / "run_one.sh")
+BOOT = str(NODE / "boot_resume.py")
+SWEEP = str(NODE / "final_sweep.py")
+
+# A trainer we did not write, stdlib only. cfg (JSON, argv[1]): ckpt (a checkpoint it writes each step),
+# out (a model file it writes at the end), steps, code (its exit code), hold (it waits while this file exists),
+# mode (a file whose text, read at start, overrides "code" and "out_text": how each attempt behaves),
+# term_exit (its exit code on SIGTERM: a clean stop path). It resumes only when given "--resume PATH".
+TRAINER = r"""
+import json, os, signal, sys, time
+cfg = json.loads(sys.argv[1])
+if cfg.get("term_exit") is not None:
+    signal.signal(signal.SIGTERM, lambda *_: (print("trainer: stop signal, clean exit", flush=True),
+                                              sys.exit(cfg["term_exit"])))
+mode = json.load(open(cfg["mode"])) if cfg.get("mode") else {}
+cfg.update(mode)
+start = 0
+if "--resume" in sys.argv:
+    start = int(open(sys.argv[sys.argv.index("--resume") + 1]).read().split()[1])
+print("trainer %s: start at step %d" % (cfg["name"], start), flush=True)
+for step in range(start, cfg.get("steps", 3)):
+    if cfg.get("ckpt"):
+        os.makedirs(os.path.dirname(cfg["ckpt"]), exist_ok=True)
+        with open(cfg["ckpt"] + ".tmp", "w") as fh:
+            fh.write("step %d\n" % (step + 1))
+        os.replace(cfg["ckpt"] + ".tmp", cfg["ckpt"])
+    print("step %d" % (step + 1), flush=True)
+while cfg.get("hold") and os.path.exists(cfg["hold"]):
+    time.sleep(0.05)
+if cfg.get("out"):
+    os.makedirs(os.path.dirname(cfg["out"]), exist_ok=True)
+    with open(cfg["out"], "w") as fh:
+        fh.write(cfg.get("out_text") or "%s trained from step %d\n" % (cfg["name"], start))
+sys.exit(cfg.get("code", 0))
+"""
+
+
+def trainer(box, name, **cfg):
+    (box.work / "trainer.py").write_text(TRAINER)
+    cfg["name"] = name
+    return [sys.executable, "trainer.py", json.dumps(cfg)]
+
+
+def launch(box, run_id, job, *opts, ok=True):
+    res = box.launch(run_id, job, "--deadman-dry-run", "--grace-minutes", "30", *opts, timeout=120)
+    if ok:
+        assert res.returncode == 0, res.stdout + res.stderr
+    return res
+
+
+def boot_resume(box, *args):
+    res = subprocess.run([sys.executable, BOOT, *map(str, args), "--json"], env=box.env, capture_output=True,
+                         text=True, timeout=300)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, (json.loads(res.stdout) if res.stdout.strip() else {}), res.stderr
+
+
+def sweep(box, *extra):
+    res = subprocess.run([sys.executable, SWEEP, "--runs-dir", str(box.durable / "runs"), *extra], env=box.env,
+                         capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res
+
+
+def files_under(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def outputs_of(results):
+    """The result files that are outputs (not the run's logs, record or manifest)."""
+    return [f for f in files_under(results) if not f.startswith("logs/")
+            and f not in ("run.json", "env.json", "code.patch", "PULL_MANIFEST.json")]
+
+
+def verify(root):
+    """evidence.verify_tree over ROOT's own manifest -> problems (empty: the copy verifies)."""
+    sys.path.insert(0, str(NODE))
+    import evidence
+    manifest, bad = evidence.parse_manifest((root / "PULL_MANIFEST.json").read_bytes())
+    assert not bad, bad
+    found, _ = evidence.verify_tree(str(root), manifest, 2, progress=False)
+    return found
+
+
+# ---------------------------------------------------------------- R1: a new run never resumes another run's checkpoint
+
+def test_finding_field_R1_a_new_run_never_resumes_another_runs_checkpoint(box):
+    adapt = ["--resume-glob", "ckpt/*.txt", "--resume-arg", "--resume {}", "--output", "ckpt/*.txt"]
+    launch(box, "first", trainer(box, "first", ckpt="ckpt/first.txt", steps=7), *adapt, "--wait")
+    assert box.status("first")["state"] == "succeeded"
+    # a brand-new run in the same working dir, with the same documented adapters
+    res = launch(box, "second", trainer(box, "second", ckpt="ckpt/second.txt", steps=3, code=1), *adapt, "--wait",
+                 ok=False)
+    status = box.status("second")
+    assert status["attempt"] == 1 and status["resume"]["from"] is None, status["resume"]
+    skipped = {s["path"]: s["why"] for s in status["resume"]["skipped"]}
+    assert "written by run first" in skipped["ckpt/first.txt"], skipped
+    assert "start at step 0" in (box.run_dir("second") / "job.log").read_text()
+    assert "resume:   none" in res.stdout and "ckpt/first.txt: written by run first" in res.stdout, res.stdout
+    # its own checkpoint is what its next attempt resumes from, and the launch report says who wrote it
+    subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(box.run_dir("second")),
+                    "--disarm"], env=box.env, capture_output=True, timeout=60, check=True)
+    res = launch(box, "second", trainer(box, "second", ckpt="ckpt/second.txt", steps=5), *adapt, "--wait")
+    status = box.status("second")
+    assert status["attempt"] == 2 and status["resume"]["from"] == "ckpt/second.txt", status["resume"]
+    assert "resume:   from ckpt/second.txt (written by: this run's attempt 1)" in res.stdout, res.stdout
+    assert "start at step 3" in (box.run_dir("second") / "job.log").read_text()
+    # an explicit path is the way to start from someone else's checkpoint
+    res = launch(box, "third", trainer(box, "third", steps=9), "--resume-from", "ckpt/first.txt",
+                 "--resume-arg", "--resume {}", "--wait")
+    assert box.status("third")["resume"]["from"] == "ckpt/first.txt"
+    assert "(written by: whoever it was: given explicitly with --resume-from)" in res.stdout, res.stdout
+
+
+# ---------------------------------------------------------------- R2: a restart from step 0 keeps the good generation
+
+@pytest.mark.drill("resume that cannot resume keeps durable output")
+def test_finding_field_R2_a_resume_that_cannot_resume_keeps_the_verified_generation(box):
+    mode = box.tmp / "mode.json"
+    mode.write_text(json.dumps({"out_text": "model at 6.71% correct\n", "code": 1}))
+    job = trainer(box, "nores", out="out/nores/model.bin", mode=str(mode))
+    launch(box, "nores", job, "--output", "out/nores/*", "--wait", ok=False)
+    run_dir, results = box.run_dir("nores"), box.durable / "results" / "nores"
+    assert box.status("nores")["state"] == "failed" and box.status("nores")["sync"]["ok"]
+    good = (results / "out/nores/model.bin").read_text()
+
+    # no resume adapter: the resume refuses and says what its restart from step 0 would supersede
+    code, refused, _ = boot_resume(box, "--run", run_dir)
+    assert code == 3 and refused["action"] == "refused", refused
+    assert "no resume adapter" in refused["why"] and "out/nores/model.bin" in refused["why"], refused
+    assert "--force-restart" in refused["why"] and box.status("nores")["attempt"] == 1
+    code, dry, _ = boot_resume(box, "--run", run_dir, "--dry-run")
+    assert code == 0 and "refuses without --force-restart" in dry["warning"], dry
+
+    # told to, it restarts; the untrained model replaces the results, the good one is kept beside them
+    mode.write_text(json.dumps({"out_text": "model at 0.18% correct\n", "code": 0}))
+    code, done, err = boot_resume(box, "--run", run_dir, "--force-restart")
+    assert code == 0 and done["action"] == "resumed" and done["would_supersede"]["attempt"] == 1, (done, err)
+    assert wait_for(lambda: box.status("nores").get("state") == "succeeded" and box.status("nores")["attempt"] == 2,
+                    120), box.status("nores")
+    sync = box.status("nores")["sync"]
+    kept = box.durable / "generations" / "nores" / "1"
+    assert sync["generation"] == 2 and sync["kept_generation"]["attempt"] == 1, sync
+    assert sync["kept_generation"]["dir"] == str(kept) and "had no resume adapter" in sync["kept_generation"]["why"]
+    assert (results / "out/nores/model.bin").read_text() == "model at 0.18% correct\n"
+    assert (kept / "out/nores/model.bin").read_text() == good == "model at 6.71% correct\n"
+    assert verify(kept) == [] and verify(results) == []
+    assert "kept generation 1" in (run_dir / "job.log").read_text()
+    # what the gate reads on the node: which generation the results hold, and the kept ones
+    state = subprocess.run([sys.executable, str(NODE / "rgt_core.py"), "--run-state", str(run_dir)],
+                           capture_output=True, text=True, timeout=60)
+    assert json.loads(state.stdout)["generation"] == {"attempt": 2, "kept": [str(kept)]}
+
+
+# ---------------------------------------------------------------- R4: the sweep never copies another run's files
+
+def test_finding_field_R4_the_sweep_never_gives_a_run_another_runs_files(box):
+    glob = ["--output", "ckpt/*.txt"]
+    res = launch(box, "quiet", trainer(box, "quiet", steps=0), *glob, "--wait", ok=False)
+    assert box.status("quiet")["state"] == "sync_failed", res.stdout + res.stderr
+    launch(box, "busy", trainer(box, "busy", ckpt="ckpt/busy.txt"), *glob, "--wait")
+    assert box.status("busy")["state"] == "succeeded"
+
+    res = sweep(box, "--json")
+    runs = {r["run_id"]: r for r in json.loads(res.stdout)["runs"]}
+    assert runs["quiet"]["verdict"] != "SYNCED", runs["quiet"]
+    assert not (box.durable / "results" / "quiet" / "ckpt").exists(), files_under(box.durable / "results" / "quiet")
+    said = json.dumps(runs["quiet"]) + json.dumps(read(box.run_dir("quiet") / "status.json")["sync"])
+    assert "written by run busy" in said, said
+    assert runs["busy"]["verdict"] == "OK"
+    assert read(box.run_dir("busy") / "files.json")["attempts"]["1"]["files"].keys() == {"ckpt/busy.txt"}
+
+
+# ---------------------------------------------------------------- R5: stopped by a signal is interrupted
+
+def test_finding_field_R5_a_run_stopped_by_a_signal_is_interrupted_whatever_its_exit_code(box, tmp_path):
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    launch(box, "pre", trainer(box, "pre", hold=str(hold), term_exit=0, out="out/pre/model.bin"),
+           "--output", "out/pre/*")
+    assert wait_for(lambda: box.status("pre").get("state") == "running", 60)
+    assert wait_for(lambda: "start at step" in (box.run_dir("pre") / "job.log").read_text(), 60)
+    os.kill(box.status("pre")["supervisor_pid"], signal.SIGTERM)      # a preemption notice
+    status = box.wait_terminal("pre", 60)
+    assert status["state"] == "interrupted" and status["exit_code"] == 0, status
+    assert "SIGTERM" in status["interrupted_by"]
+    res = subprocess.run([sys.executable, str(NODE / "run_status.py"), str(box.run_dir("pre")), "--json", "--no-gpu"],
+                         capture_output=True, text=True, timeout=60, env=box.env)
+    assert json.loads(res.stdout)["status"] == "interrupted", res.stdout
+
+
+# ---------------------------------------------------------------- R13: the sweep's text line shows the real state
+
+def test_finding_field_R13_the_sweep_text_shows_a_crashed_runs_state(box):
+    launch(box, "segv", trainer(box, "segv", out="out/segv/model.bin", code=139), "--output", "out/segv/*",
+           "--wait", ok=False)
+    assert box.status("segv")["state"] == "failed" and box.status("segv")["exit_code"] == 139
+    res = sweep(box)
+    line = [ln for ln in res.stdout.splitlines() if ln.split()[1:2] in (["segv"], ["segv:"])][0]
+    assert not line.startswith("OK"), line
+    assert line.startswith("SAVED") and "state failed, exit 139" in line, res.stdout
+
+
+# ---------------------------------------------------------------- A1: queue cells report progress to the run
+
+QUEUE_CELL = "import time\nfor i in range(40):\n    print('cell tick %d' % i, flush=True); time.sleep(0.25)\n"
+
+
+def test_finding_node_A1_queue_cells_reach_the_runs_log_and_are_never_stalled(box):
+    (box.work / "cell.py").write_text(QUEUE_CELL)
+    (box.work / "q.txt").write_text("%s cell.py\n" % sys.executable)
+    res = box.launch("queued", ["bash", str(NODE / "run_queue.sh"), "--disk-floor-gb", "0", "q.txt"],
+                     "--deadman-dry-run", "--stall-minutes", "0.1", "--grace-minutes", "30", "--wait", timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    log = (box.run_dir("queued") / "job.log").read_text()
+    assert "cell tick 0" in log and "cell tick 39" in log, log[-2000:]
+    fired = read(box.run_dir("queued") / "DEADMAN_FIRED.json")
+    assert fired.get("reason") != "stall", fired
+
+
+# ---------------------------------------------------------------- A5: the boot sweep locks, and spares a live launch
+
+def test_finding_node_A5_boot_sweep_spares_a_live_launch_and_runs_one_at_a_time(box, tmp_path):
+    # a launch still starting: its launcher is alive, no supervisor has claimed the run yet
+    launcher = subprocess.Popen(["sleep", "300"])
+    try:
+        run_dir = box.run_dir("slow")
+        run_dir.mkdir(parents=True)
+        box.runs.append("slow")
+        init = subprocess.run([sys.executable, str(NODE / "supervise.py"), "init", "--run-dir", str(run_dir),
+                               "--run-id", "slow", "--cwd", str(box.work), "--results-dir",
+                               str(box.durable / "results" / "slow"), "--detach", "setsid", "--launcher-pid",
+                               str(launcher.pid), "--auto-resume", "--", "true"],
+                              env=box.env, capture_output=True, text=True, timeout=60)
+        assert init.returncode == 0, init.stderr
+        res = subprocess.run([sys.executable, BOOT, "--runs-dir", str(box.durable / "runs"), "--json"],
+                             env=box.env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert box.status("slow")["state"] == "starting" and not box.status("slow").get("error"), box.status("slow")
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+    # the launcher is gone now: the run is orphaned. While another sweep holds the box lock, a second one waits.
+    lock_path = os.path.join(os.path.dirname(os.environ["RGT_REGISTRY"]), "boot_resume.lock")
+    with open(lock_path, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        second = subprocess.Popen([sys.executable, BOOT, "--runs-dir", str(box.durable / "runs"), "--json"],
+                                  env=box.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def waiting():
+            with open("/proc/locks") as fh:
+                return any("->" in line and " %d " % second.pid in line for line in fh)
+        assert wait_for(waiting, 60), "the second sweep did not wait for the box lock"
+        assert box.status("slow")["state"] == "starting"      # nothing touched while the lock is held
+    out, err = second.communicate(timeout=300)
+    assert "Traceback" not in err, err
+    (only,) = json.loads(out)["runs"]
+    assert only["run_dir"] == str(run_dir) and box.status("slow")["state"] != "starting", only
+
+
+# ---------------------------------------------------------------- A14: a non-UTF-8 file name is recorded, escaped
+
+def test_finding_node_A14_a_non_utf8_output_name_is_recorded_escaped_never_a_crash(box):
+    out = os.path.join(os.fsencode(str(box.work)), b"out")
+    os.makedirs(out)
+    with open(os.path.join(out, b"model.bin"), "wb") as fh:
+        fh.write(b"x" * 100)
+    with open(os.path.join(out, b"\xd1\xf9\xb1\xbe.png"), "wb") as fh:   # a GBK name
+        fh.write(b"y" * 100)
+    res = box.launch("gbk", ["true"], "--no-deadman", "--output", "out/*", "--wait", timeout=120)
+    status = box.status("gbk")
+    assert status["state"] == "sync_failed" and res.returncode == 1, (status, res.stderr)
+    assert isinstance(status["sync"], dict) and "supervisor error" not in (status.get("error") or "")
+    assert "\\xd1\\xf9\\xb1\\xbe.png" in status["sync"]["error"] and "not valid UTF-8" in status["sync"]["error"]
+    assert (box.durable / "results" / "gbk" / "out" / "model.bin").read_bytes() == b"x" * 100
+
+
+# ---------------------------------------------------------------- the drill: four runs, one working dir
+
+@pytest.mark.drill("sweep keeps runs' files apart")
+def test_multi_run_box_each_runs_evidence_holds_exactly_its_own_files(box, tmp_path, profile_env):
+    glob = ["--output", "out/*.bin"]
+    hold = tmp_path / "hold-healthy"
+    hold.write_text("")
+    launch(box, "healthy", trainer(box, "healthy", hold=str(hold), out="out/healthy.bin"), *glob)
+    assert wait_for(lambda: box.status("healthy").get("state") == "running", 60)
+
+    launch(box, "crash", trainer(box, "crash", out="out/crash.bin", code=139), *glob, "--wait", ok=False)
+    launch(box, "noout", trainer(box, "noout", steps=1), *glob, "--wait", ok=False)
+    mode = tmp_path / "nores-mode.json"
+    mode.write_text(json.dumps({"out_text": "good model\n", "code": 1}))
+    launch(box, "nores", trainer(box, "nores", out="out/nores.bin", mode=str(mode)), *glob, "--wait", ok=False)
+    mode.write_text(json.dumps({"out_text": "untrained model\n", "code": 0}))
+    code, done, err = boot_resume(box, "--run", box.run_dir("nores"), "--force-restart")
+    assert code == 0, (done, err)
+    assert wait_for(lambda: box.status("nores").get("attempt") == 2
+                    and box.status("nores").get("state") == "succeeded", 120), box.status("nores")
+    hold.unlink()
+    assert box.wait_terminal("healthy", 60)["state"] == "succeeded"
+
+    states = {r: box.status(r)["state"] for r in ("healthy", "crash", "noout", "nores")}
+    assert states == {"healthy": "succeeded", "crash": "failed", "noout": "sync_failed", "nores": "succeeded"}
+
+    res = sweep(box)
+    assert "OK       healthy (state succeeded, exit 0)" in res.stdout, res.stdout
+    assert "SAVED    crash (state failed, exit 139)" in res.stdout, res.stdout
+    assert "noout (state sync_failed, exit 0)" in res.stdout and "OK       noout" not in res.stdout, res.stdout
+
+    results = box.durable / "results"
+    own = {"healthy": ["out/healthy.bin"], "crash": ["out/crash.bin"], "noout": [], "nores": ["out/nores.bin"]}
+    for run_id, files in own.items():
+        assert outputs_of(results / run_id) == files, (run_id, files_under(results / run_id))
+    assert (results / "nores" / "out/nores.bin").read_text() == "untrained model\n"
+    kept = box.durable / "generations" / "nores" / "1"
+    assert (kept / "out/nores.bin").read_text() == "good model\n" and verify(kept) == []
+    assert not (box.durable / "generations" / "healthy").exists()
+
+    # pull and gate each saved run: the gate names the generation it verified
+    for run_id in ("healthy", "crash", "nores"):
+        dest = tmp_path / "pulled"
+        pulled = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source",
+                                 str(results / run_id), "--dest", str(dest)], capture_output=True, text=True,
+                                timeout=300)
+        assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+        gate = subprocess.run([sys.executable, str(SCRIPTS / "teardown_gate.py"), "--pulled", str(dest / run_id),
+                               "--profile", "examplecloud", "--source", str(results / run_id)],
+                              capture_output=True, text=True, timeout=300, env=profile_env)
+        assert gate.returncode == 0, gate.stdout + gate.stderr
+        attempt = 2 if run_id == "nores" else 1
+        assert "verified generation %d (the results of attempt %d)" % (attempt, attempt) in gate.stdout, gate.stdout
+        if run_id == "nores":
+            assert "earlier generations kept on the node, NOT verified by this gate: %s" % kept in gate.stdout
+        assert sorted(p for p in outputs_of(dest / run_id) if p != "PULL_VERIFIED.json") == own[run_id]
