@@ -490,3 +490,13 @@ def pytest_sessionfinish(session, exitstatus):
         for line in lines:
             (reporter.write_line(line) if reporter else sys.stderr.write(line + "\n"))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def end_runs_left_in_tmp_path(request):
+    """A test that launched runs (rgt.py, run_one.sh, boot_resume.py) under its tmp_path leaves no dead-man,
+    supervisor or job behind, whatever it did: they are disarmed and ended after it (end_runs_under)."""
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if folder is not None:
+        end_runs_under(folder)

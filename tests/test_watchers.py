@@ -708,3 +708,42 @@ def test_run_status_names_the_failures_users_meet_most(tmp_path, line, exit_code
         assert "read job.log" in out["hint"]
     else:
         assert reason in out["reason"] and out["hint"]
+
+
+def test_notif_a_run_tells_when_it_starts_and_when_it_ends(tmp_path):
+    """The supervisor sends launched, then finished (or failed) with the bytes synced, to a configured webhook."""
+    import http.server
+    import threading
+    heard = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = tmp_path / "notify.json"
+        config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
+                                                   "url": "http://127.0.0.1:%d/in" % server.server_address[1],
+                                                   "secret": "a-long-enough-test-secret"}]}))
+        config.chmod(0o600)
+        env = dict(os.environ, RGT_NOTIFY_CONFIG=str(config), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
+        work = tmp_path / "work"
+        work.mkdir()
+        for rid, job in (("ok", "echo trained > model.txt"), ("bad", "exit 3")):
+            res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir",
+                                  str(tmp_path / "durable"), "--run-id", rid, "--disk-floor-gb", "0", "--no-deadman",
+                                  "--output", "model.txt", "--wait", "--", "sh", "-c", job], cwd=str(work),
+                                 capture_output=True, text=True, env=env, timeout=120)
+            assert "finished:" in res.stdout, res.stdout + res.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    seen = [(h.get("event"), (h.get("fields") or h).get("run_id")) for h in heard]
+    assert ("launched", "ok") in seen and ("finished", "ok") in seen and ("failed", "bad") in seen, heard

@@ -686,6 +686,9 @@ class Deadman(Watcher):
             rec["error"] = str(exc)
         self.write_state({"stalled_job_stopped": rec})
         self.save("STALL_STOPPED.json", rec)
+        send = stop_engine.notifier(self.notify_fields())
+        if send is not None and not self.cfg["dry_run"]:
+            send("stalled", {"detail": detail, "box_stop": False})
 
     def notify_fields(self):
         return {"host": socket.gethostname(), "run_dir": self.run_dir,
