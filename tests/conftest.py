@@ -162,16 +162,18 @@ def end_runs_under(root) -> list:
     watchers its run and watch dirs name, when the process still runs from ROOT. Returns the pids it signalled.
     For tests whose runs are launched by a tool (rgt.py, boot_resume.py) rather than by a `box`."""
     root, hit = str(root), []
+    spare = {os.getpid(), os.getppid()}   # a test may record itself as a run's process: never end the test run
     for record in sorted(Path(root).rglob("*.json")):
         if record.name not in ("deadman.json", "status.json", "idle_watch.json"):
             continue
-        if record.name == "deadman.json":
+        doc = read_json(record)
+        live = isinstance(doc.get("pid"), int) and doc["pid"] not in spare and pid_alive(doc["pid"])
+        if record.name == "deadman.json" and live:
             subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(record.parent),
                             "--disarm"], capture_output=True, timeout=60)
-        doc = read_json(record)
         for key in ("pid", "job_pid", "supervisor_pid"):
             pid = doc.get(key)
-            if isinstance(pid, int) and pid > 1 and pid_alive(pid) and root in " ".join(
+            if isinstance(pid, int) and pid > 1 and pid not in spare and pid_alive(pid) and root in " ".join(
                     (_proc_text(pid, "cmdline"), _proc_text(pid, "environ"), _cwd_of(pid))):
                 try:
                     os.kill(pid, signal.SIGKILL)
