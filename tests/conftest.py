@@ -167,6 +167,8 @@ def end_runs_under(root) -> list:
         if record.name not in ("deadman.json", "status.json", "idle_watch.json"):
             continue
         doc = read_json(record)
+        if not isinstance(doc, dict):   # bad-input tests write lists and worse
+            continue
         live = isinstance(doc.get("pid"), int) and doc["pid"] not in spare and pid_alive(doc["pid"])
         if record.name == "deadman.json" and live:
             subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(record.parent),
