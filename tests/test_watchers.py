@@ -71,6 +71,26 @@ def cfg_for(run, *args):
     return cfg
 
 
+def webhook():
+    """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard); call server.shutdown()."""
+    import http.server
+    import threading
+    heard = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, heard
+
+
 @pytest.fixture
 def child():
     """A live process standing for a job; killed afterwards."""
@@ -556,22 +576,7 @@ def test_verified_stop_the_dead_man_stops_through_the_provider_and_reads_it_back
 
 def test_notif_drill_the_dead_man_fires_and_the_escalation_reaches_the_webhook(tmp_path):
     """A stop that exits 0 and stops nothing: the webhook hears deadman_fired, then stop_not_confirmed."""
-    import http.server
-    import threading
-    heard = []
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_POST(self):
-            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, heard = webhook()
     try:
         config = tmp_path / "notify.json"
         config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
@@ -712,21 +717,7 @@ def test_run_status_names_the_failures_users_meet_most(tmp_path, line, exit_code
 
 def test_notif_a_run_tells_when_it_starts_and_when_it_ends(tmp_path):
     """The supervisor sends launched, then finished (or failed) with the bytes synced, to a configured webhook."""
-    import http.server
-    import threading
-    heard = []
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_POST(self):
-            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, heard = webhook()
     try:
         config = tmp_path / "notify.json"
         config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
