@@ -71,18 +71,7 @@ def attempt_of(status):
 
 def deadman_busy(run_dir):
     """True while a dead-man process holds the run's deadman.lock (armed, firing or standing down)."""
-    import fcntl
-    try:
-        fd = os.open(os.path.join(run_dir, "deadman.lock"), os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
+    return core.lock_held(os.path.join(run_dir, "deadman.lock"), exclusive=True)
 
 
 def orphaned(run_dir):

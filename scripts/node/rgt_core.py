@@ -901,20 +901,25 @@ def attempt_alive(status):
                 or record_alive(status.get("job_identity"), status.get("job_pid")))
 
 
-def resume_in_progress(run_dir):
-    """Whether a resume holds RUN_DIR/resume.lock now (boot_resume.py is starting the next attempt)."""
+def lock_held(path, exclusive=False):
+    """Whether another process holds a flock on PATH now (a shared one counts only when EXCLUSIVE is asked)."""
     try:
         import fcntl
-        fd = os.open(os.path.join(run_dir, "resume.lock"), os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except (ImportError, OSError):
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         return False
     except OSError:
         return True
     finally:
         os.close(fd)
+
+
+def resume_in_progress(run_dir):
+    """Whether a resume holds RUN_DIR/resume.lock now (boot_resume.py is starting the next attempt)."""
+    return lock_held(os.path.join(run_dir, "resume.lock"))
 
 
 def run_activity(run_dir):
