@@ -23,6 +23,7 @@ pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test he
 
 RUN_ONE = str(NODE / "run_one.sh")
 SUPERVISE = str(NODE / "supervise.py")
+LAUNCHER = str(NODE / "launcher.py")
 DEADMAN = str(NODE / "deadman.py")
 
 # (job, exit code, final state): each exits within milliseconds
@@ -114,7 +115,7 @@ def test_finding_6_a_late_supervisor_never_runs_a_run_its_launcher_gave_up(tmp_p
     write_run(rd, marker, {"state": "failed", "error": "the supervisor did not record itself within 30 s",
                            "supervisor_identity": None})
     before = (rd / "status.json").read_text()
-    res = subprocess.run([sys.executable, SUPERVISE, "supervise", "--run-dir", str(rd)], capture_output=True,
+    res = subprocess.run([sys.executable, SUPERVISE, "--run-dir", str(rd)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 3, res.stderr
     assert "launcher gave up" in (rd / "supervisor.log").read_text()
@@ -126,7 +127,7 @@ def test_finding_6_the_launcher_never_overwrites_a_run_that_has_a_supervisor(tmp
     write_run(rd, tmp_path / "unused", {"state": "failed", "exit_code": 7, "ended_at": "2026-01-01T00:00:00Z",
                                         "supervisor_pid": 1, "supervisor_identity": {"pid": 1}})
     before = (rd / "status.json").read_text()
-    res = subprocess.run([sys.executable, SUPERVISE, "fail", "--run-dir", str(rd), "--message", "did not start"],
+    res = subprocess.run([sys.executable, LAUNCHER, "fail", "--run-dir", str(rd), "--message", "did not start"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "a supervisor has it" in res.stderr
     assert (rd / "status.json").read_text() == before

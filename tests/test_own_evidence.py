@@ -245,7 +245,7 @@ def test_finding_node_A5_boot_sweep_spares_a_live_launch_and_runs_one_at_a_time(
         run_dir = box.run_dir("slow")
         run_dir.mkdir(parents=True)
         box.runs.append("slow")
-        init = subprocess.run([sys.executable, str(NODE / "supervise.py"), "init", "--run-dir", str(run_dir),
+        init = subprocess.run([sys.executable, str(NODE / "launcher.py"), "init", "--run-dir", str(run_dir),
                                "--run-id", "slow", "--cwd", str(box.work), "--results-dir",
                                str(box.durable / "results" / "slow"), "--detach", "setsid", "--launcher-pid",
                                str(launcher.pid), "--auto-resume", "--", "true"],

@@ -24,7 +24,7 @@ def forensics(*args, env=None):
 @pytest.fixture
 def two_runs(tmp_path):
     """runs/a: attempt 1 logged steps 0..59 and died; attempt 2 resumed from the step-40 checkpoint and logged
-    40..99 again (a spike at step 70); its earlier attempt's status sits in previous/, as supervise.py leaves it.
+    40..99 again (a spike at step 70); its earlier attempt's status sits in previous/, as launcher.py leaves it.
     runs/b: one attempt, a CSV with a NaN at step 50."""
     a = tmp_path / "runs" / "a"
     (a / "previous" / "20261201T000000Z-101-x").mkdir(parents=True)

@@ -342,7 +342,7 @@ def test_finding_1_sync_waits_until_the_jobs_process_group_is_empty(box):
 
 def test_finding_1_a_source_that_changes_during_its_copy_fails_that_file(tmp_path, monkeypatch):
     """A writer outside the job's process group: the copy notices the source move and keeps the old copy."""
-    import supervise
+    import sync
     work, results, rd = tmp_path / "work", tmp_path / "results", tmp_path / "run"
     for d in (work / "out", results / "out", rd):
         d.mkdir(parents=True)
@@ -352,7 +352,7 @@ def test_finding_1_a_source_that_changes_during_its_copy_fails_that_file(tmp_pat
     (rd / "job.log").write_text("job output\n")
     (rd / "run.json").write_text(json.dumps({"run_id": "chg", "cwd": str(work), "outputs": ["out/*"],
                                              "results_dir": str(results)}))
-    real, appended = supervise.copy_file, []
+    real, appended = sync.copy_file, []
 
     def racing_copy(src, tmp, on_bytes=None):
         def on_chunk(count):  # another process appends while the copy is reading
@@ -364,8 +364,8 @@ def test_finding_1_a_source_that_changes_during_its_copy_fails_that_file(tmp_pat
                 on_bytes(count)
         return real(src, tmp, on_chunk)
 
-    monkeypatch.setattr(supervise, "copy_file", racing_copy)
-    doc = supervise.Sync(str(rd)).run()
+    monkeypatch.setattr(sync, "copy_file", racing_copy)
+    doc = sync.Sync(str(rd)).run()
     assert appended and doc["ok"] is False
     assert "out/grow.bin" in doc["error"] and "changed while it was being copied" in doc["error"]
     assert [k["path"] for k in doc["kept_previous"]] == ["out/grow.bin"]

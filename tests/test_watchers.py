@@ -25,7 +25,7 @@ import rgt_core as core  # noqa: E402
 import runrec  # noqa: E402
 import sessions  # noqa: E402
 import stop_engine  # noqa: E402
-import supervise  # noqa: E402
+import launcher  # noqa: E402
 
 pytestmark = [pytest.mark.drill("wave-3 review findings stay fixed")]
 
@@ -452,12 +452,12 @@ def test_finding_node_A13_an_attempt_that_dies_while_starting_is_counted(tmp_pat
     run = tmp_path / "run"
     run.mkdir()
     for expected in (1, 2, 3):
-        supervise.move_old_evidence(str(run))                 # what init does before it numbers the attempt
+        launcher.move_old_evidence(str(run))                 # what init does before it numbers the attempt
         assert runrec.attempt_number(str(run)) == expected
         # this attempt dies while starting: started_at never written
         (run / "status.json").write_text(json.dumps({"state": "starting", "started_at": None,
                                                      "attempt": expected}))
-    supervise.move_old_evidence(str(run))
+    launcher.move_old_evidence(str(run))
     assert runrec.attempt_number(str(run)) == 4
 
 

@@ -115,8 +115,8 @@ def over_caps(run_dir, status, run, give_up_hours, max_attempts=None):
 
 
 def replay_argv(run):
-    import supervise
-    words = list(supervise.raw_launch(run.get("run_dir") or "", run)[1])
+    import runrec
+    words = list(runrec.raw_launch(run.get("run_dir") or "", run)[1])
     cut = words.index("--") if "--" in words else len(words)
     return [w for w in words[:cut] if w not in DROP_ON_REPLAY] + words[cut:]
 
@@ -300,17 +300,17 @@ def resume_checks(run_dir, status, run, args):
 def restart_loses(run, status, attempt):
     """What a restart from step 0 (no resume adapter) would supersede: the verified durable outputs of the last
     attempt (not its logs or record) -> {"attempt", "files", "kept_as", "text"}, or None."""
-    import supervise
+    import sync
     if run.get("resume_arg"):
         return None
     results = run.get("results_dir") or ""
     manifest = core.read_json(os.path.join(results, "PULL_MANIFEST.json"))
     files = [e.get("path") for e in manifest.get("files") or [] if isinstance(e, dict)
              and isinstance(e.get("path"), str) and not e["path"].startswith("logs/")
-             and e["path"] not in supervise.RECORD_NAMES]
+             and e["path"] not in sync.RECORD_NAMES]
     if not files:
         return None
-    sync = supervise.Sync(run.get("run_dir") or "", None)
+    sync = sync.Sync(run.get("run_dir") or "", None)
     kept_as = os.path.join(sync.generations_dir(), str(attempt))
     text = ("the launch recorded no resume adapter (--resume-glob/--resume-arg): attempt %d restarts from step 0, "
             "and its sync supersedes the verified durable results of attempt %d (%d output file(s): %s); they "

@@ -4,7 +4,7 @@ A manifest (schema: manifest.schema.json beside this file, "rgt-pull-manifest/1"
 to the exact files of a result: relative POSIX path, size, SHA-256 and, for known checkpoint
 formats, the format whose sanity check passed. The same code builds and checks it everywhere:
 
-  the durable sync at the end of a run (run_one.sh -> supervise.py) writes one;
+  the durable sync at the end of a run (run_one.sh -> supervise.py -> sync.py) writes one;
   build_pull_manifest.py writes one on demand (and on stdout for the teardown gate's re-hash);
   the dead-man checks the durable copy against it before any destructive stop;
   pull_verified.py and teardown_gate.py check the pulled copy against it.

@@ -14,8 +14,8 @@ it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
      the same cwd, as in any queue or ablation): with the same bytes in another run's durable copy it
      is left alone (a note); changed and saved nowhere, it is a CONFLICT: no sync runs, because it
      would replace the verified copy;
-  4. a missing, damaged or stale copy is synced again (the run's own end-of-run sync, supervise.py
-     sync, in its own-files mode: only files the run's own attempts recorded in its files.json, never another run's
+  4. a missing, damaged or stale copy is synced again (the run's own end-of-run sync, sync.py
+     in its own-files mode: only files the run's own attempts recorded in its files.json, never another run's
      files from a shared working dir; copies hashed while copying, a damaged checkpoint never replaces a
      good copy), then checked again. --check-only reports instead of syncing.
 The sweep writes nothing but what the run's own sync writes, and never deletes anything.
@@ -42,7 +42,7 @@ sys.path.insert(0, HERE)
 import evidence  # noqa: E402
 import rgt_core as core  # noqa: E402
 import runrec  # noqa: E402
-import supervise  # noqa: E402
+from sync import plan_outputs  # noqa: E402
 
 PROG = "final_sweep.py"
 
@@ -111,7 +111,7 @@ def stale_outputs(run, status, manifest, notes, elsewhere):
     cwd, outputs = run.get("cwd"), run.get("outputs") or []
     if not outputs or not cwd or not os.path.isdir(cwd):
         return [], []
-    plan, _errors = supervise.plan_outputs(cwd, outputs)
+    plan, _errors = plan_outputs(cwd, outputs)
     held = {e["path"]: e for e in manifest["files"]}
     cutoff = synced_at(status)
     own = run.get("run_id")
@@ -190,7 +190,7 @@ def sweep_one(run_dir, args):
     why = "found dead by final_sweep.py (state was %s); outputs synced as they were" % status.get("state")
     if died:
         core.update_json(os.path.join(run_dir, "status.json"), state="failed", ended_at=core.utc_iso(), error=why)
-    res = core.run_bounded([sys.executable, os.path.join(HERE, "supervise.py"), "sync", "--run-dir", run_dir,
+    res = core.run_bounded([sys.executable, os.path.join(HERE, "sync.py"), "--run-dir", run_dir,
                             "--own-only"], args.sync_timeout)
     _run, _status, results, manifest, after, _conflicts = check(run_dir, args)
     if res.rc == 0 and not after:

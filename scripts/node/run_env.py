@@ -26,7 +26,7 @@ Where the job's interpreter and cwd come from: --python / --cwd when given; else
 RUN_DIR (the launcher writes it: cmd[0] when it is a Python, else the #! line of the program
 cmd[0] names, e.g. torchrun's); else python3 on PATH and the current directory.
 
-supervise.py init starts this detached (`run_env.py .` in the run dir, output in env.log) so a
+launcher.py init starts this detached (`run_env.py .` in the run dir, output in env.log) so a
 launch never waits for or fails on it; RGT_NO_RUN_ENV=1 in the launcher's environment skips it.
 
 Usage:
@@ -367,7 +367,7 @@ def compare(new, old):
 
 def start_detached(run_dir):
     """Start `run_env.py .` in RUN_DIR in its own session, output to RUN_DIR/env.log, and return at once
-    (what supervise.py init calls). None when RGT_NO_RUN_ENV=1, else the child's pid."""
+    (what launcher.py init calls). None when RGT_NO_RUN_ENV=1, else the child's pid."""
     if os.environ.get("RGT_NO_RUN_ENV") == "1":
         return None
     import subprocess

@@ -79,7 +79,7 @@ for word in "$@"; do LAUNCH_ARGS+=("--launch-arg=w:$word"); done  # "w:": argpar
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SELF="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
 DEADMAN="$SCRIPT_DIR/deadman.py"
-SUPERVISE="$SCRIPT_DIR/supervise.py"
+LAUNCHER="$SCRIPT_DIR/launcher.py"
 PY=${RGT_PYTHON:-}
 resolve_python() {  # once: a pyenv/conda shim costs ~0.2 s a call; children inherit RGT_PYTHON
   [ -n "$PY" ] && return 0
@@ -88,8 +88,8 @@ resolve_python() {  # once: a pyenv/conda shim costs ~0.2 s a call; children inh
   export RGT_PYTHON="$PY"
 }
 
-# supervise.py does the JSON and filesystem work (-E -S: no PYTHON* variables, no site-packages).
-sv() { "$PY" -E -S "$SUPERVISE" "$@"; }
+# launcher.py does the JSON and filesystem work (-E -S: no PYTHON* variables, no site-packages).
+sv() { "$PY" -E -S "$LAUNCHER" "$@"; }
 die() { printf '%s: error: %s\n' "$PROG" "$1" >&2; exit "${2:-2}"; }
 warn() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 is_num() { [[ "$1" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]]; }
@@ -223,7 +223,7 @@ while [ ! -e "$there" ] && [ ! -L "$there" ]; do there=$(dirname "$there"); done
 [ -d "$there" ] || die "cannot use run dir $RUN_DIR: $there is not a directory"
 
 # ---------------------------------------------------------------------------------- gates
-# Unset floors are left to supervise.py disk, whose defaults are rgt_core's (the toolkit's one floor each).
+# Unset floors are left to launcher.py disk, whose defaults are rgt_core's (the toolkit's one floor each).
 gate=(disk)
 FLOOR=${FLOOR_ARG:-${DISK_FLOOR_GB:-}}
 if [ -n "$FLOOR" ]; then
@@ -308,8 +308,8 @@ else
 fi
 
 # ---------------------------------------------------------------------------------- detach
-# supervise.py start returns once status.json records the supervisor (it may have finished already).
-# When it fails, `supervise.py fail` succeeds only if no supervisor ever claimed the run, in a locked
+# launcher.py start returns once status.json records the supervisor (it may have finished already).
+# When it fails, `launcher.py fail` succeeds only if no supervisor ever claimed the run, in a locked
 # step after which none can: only then is disarming the dead-man safe.
 SAFE_ID=${RUN_ID//[.:]/_}
 if ! sv start --run-dir "$RUN_DIR" --detach "$DETACH" "--tmux-name=rgt-$SAFE_ID"; then

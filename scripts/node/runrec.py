@@ -27,6 +27,9 @@ RUN = "run.json"
 STATUS_LOCK = ".status.lock"
 RESERVE = ".rgt-reserve"
 PREVIOUS = "previous"
+# The launch word for word when it carries a URL credential (a presigned data URL, https://user:token@): 0600, in
+# the run dir only, never synced, read by the supervisor and boot_resume.py's replay; run.json holds it scrubbed.
+RAW_ARGV = ".launch-argv.json"
 SCHEMA_VERSION = 1
 
 ACTIVE = ("starting", "running", "stalled", "syncing")
@@ -100,6 +103,16 @@ def liveness(doc, fallback_pid=None, fallback_identity=None):
 def is_active(doc):
     """Active state and its supervisor or job still that same process."""
     return doc.get("state") in ACTIVE and core.attempt_alive(doc)
+
+
+def raw_launch(run_dir, run):
+    """(cmd, launch_argv) word for word: from the 0600 RAW_ARGV file when the launch carried a URL credential,
+    else run.json's own (nothing was scrubbed from it)."""
+    raw = core.read_json(path(run_dir, RAW_ARGV))
+    cmd, argv = raw.get("cmd"), raw.get("launch_argv")
+    if isinstance(cmd, list) and isinstance(argv, list):
+        return cmd, argv
+    return run.get("cmd") or [], run.get("launch_argv") or []
 
 
 def attempt_number(run_dir):
