@@ -37,7 +37,8 @@ STRICT = os.environ.get("RGT_REQUIRE_ALL") == "1"
 # Node modules that other tools import and nobody runs: no command line, so no --help, no exit codes and no
 # toolkit version check of their own (test_help and test_toolkit skip them for those checks; test_help holds
 # that each still has no command line). A module that gains a main() leaves this list and gets its help text.
-LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", "destructive.py", "sessions.py")
+LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", "destructive.py", "sessions.py",
+                   "progress.py")
 # The same in tools/: modules the tests and the demo import (the provider stand-in APIs), never run.
 TOOL_LIBRARIES = ("provider_standins.py",)
 

@@ -14,7 +14,7 @@ from conftest import NODE, wait_for
 
 sys.path.insert(0, str(NODE))
 import rgt_core as core  # noqa: E402
-import run_status  # noqa: E402
+import progress  # noqa: E402  (the step and ETA reader run_status.py uses)
 
 STATUS = NODE / "run_status.py"
 DEADMAN = NODE / "deadman.py"
@@ -80,7 +80,7 @@ def test_finding_field_R12_total_steps_from_the_launch_gives_step_of_n_an_eta_an
         assert "step 5/100 (5%)" in doc["line"] and " eta " in doc["line"]
         assert "hb " not in doc["line"] and "n/a ago" not in doc["line"]
         # the supervisor's "starting:" note is what a resumed attempt counts from (newcomer 4)
-        assert run_status.attempt_first_step(str(run_dir / "job.log"), r"iter (\d+):") == 1
+        assert progress.attempt_first_step(str(run_dir / "job.log"), r"iter (\d+):") == 1
     finally:
         release.write_text("go")
         box.wait_terminal("r12", timeout=120)
@@ -143,11 +143,11 @@ def test_finding_newcomer_4_the_attempt_marker_is_found_across_read_chunks(tmp_p
     log = tmp_path / "job.log"
     log.write_text("x" * 1000 + "\n" + ATTEMPT_2 + "y" * 5000 + "\n")
     for chunk in (7, 64, 100, 1 << 20):
-        assert run_status.attempt_first_step(str(log), r"step (\d+)/", chunk=chunk) == 501, chunk
+        assert progress.attempt_first_step(str(log), r"step (\d+)/", chunk=chunk) == 501, chunk
     log.write_text(ATTEMPT_2.split("\n", 1)[1])                # the marker on the file's first line
-    assert run_status.attempt_first_step(str(log), r"step (\d+)/") == 501
+    assert progress.attempt_first_step(str(log), r"step (\d+)/") == 501
     log.write_text("step 3/10\n")                               # no marker: not this attempt's log
-    assert run_status.attempt_first_step(str(log), r"step (\d+)/") is None
+    assert progress.attempt_first_step(str(log), r"step (\d+)/") is None
 
 
 # ---------------------------------------------------------------- field R15: dry-run dead-men

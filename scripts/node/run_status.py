@@ -74,9 +74,7 @@ Exit codes:
   8 finished but UNWATCHED (the dead-man is down or exited and never fired)
 """
 import json
-import math
 import os
-import re
 import shutil
 import socket
 import sys
@@ -84,6 +82,8 @@ import time
 
 import rgt_core as core
 import evidence
+import progress
+from progress import as_int, num
 
 EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "interrupted": 1, "running": 4, "syncing": 4,
         "starting": 5, "stalled": 6, "deadman_fired": 7}
@@ -175,23 +175,7 @@ def mtime(path):
         return None
 
 
-def num(value):
-    """A finite int/float from JSON, else None (JSON also admits NaN and Infinity)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return value
-    return None
-
-
 # ---------------------------------------------------------------- machine facts
-
-def as_int(text):
-    try:
-        return int(float(text))
-    except ValueError:
-        return None   # "[N/A]" on some GPUs (MIG, old drivers)
-
 
 def gpu_info(timeout):
     exe = shutil.which("nvidia-smi")
@@ -345,86 +329,6 @@ def one_line(r):
 
 # ---------------------------------------------------------------- classification
 
-def progress_of(rx, line):
-    """(step, total) from one log line the --progress-regex matches, else None. Supervisor notes
-    ("[rgt 13:01:54] ...") are never progress."""
-    if line.startswith("[rgt "):
-        return None
-    match = rx.search(line)
-    if not match:
-        return None
-    named = match.groupdict()
-    groups = match.groups()
-    step = named.get("step") if "step" in named else (groups[0] if groups else None)
-    total = named.get("total") if "total" in named else (groups[1] if len(groups) > 1 and "step" not in named
-                                                            else None)
-    step = num(as_int(step)) if step is not None else None
-    # a second group that is not a whole number >= step (a loss, a learning rate) is not a total
-    whole = total is not None and re.match(r"^\s*\d+\s*$", str(total))
-    total = num(as_int(total)) if whole else None
-    if total is not None and step is not None and total < step:
-        total = None
-    return step, total
-
-
-def log_progress(log_path, pattern, tail_bytes=256 * 1024):
-    """(step, total) from the last job.log line the run's --progress-regex matches, else (None, None).
-    For code that writes no heartbeat: `step 120/500`, tqdm's `120/500 [`, `Epoch 3 ... it 120 of 500`."""
-    try:
-        rx = re.compile(pattern)
-        with open(log_path, "rb") as handle:
-            handle.seek(max(0, os.path.getsize(log_path) - tail_bytes))
-            lines = handle.read().decode("utf-8", "replace").replace("\r", "\n").splitlines()
-    except (OSError, re.error):
-        return None, None
-    for line in reversed(lines):
-        found = progress_of(rx, line)
-        if found is not None:
-            return found
-    return None, None
-
-
-# supervise.py notes each attempt's start in job.log: "[rgt HH:MM:SS] starting: CMD (cwd DIR)"
-ATTEMPT_START = re.compile(rb"\n\[rgt [0-9:]+\] starting: ")
-
-
-def attempt_first_step(log_path, pattern, limit=64 << 20, chunk=1 << 20):
-    """The first step the --progress-regex finds in THIS attempt's part of job.log (after the supervisor's
-    last "starting:" note), else None. job.log is appended across attempts, so the attempt's first progress
-    line is where a resumed job started counting. Reads at most LIMIT bytes back and LIMIT forward."""
-    try:
-        rx = re.compile(pattern)
-        size = os.path.getsize(log_path)
-        with open(log_path, "rb") as handle:
-            start, pos, carry = None, size, b""
-            while pos > 0 and size - pos < limit and start is None:
-                take = min(chunk, pos)
-                pos -= take
-                handle.seek(pos)
-                block = handle.read(take) + carry
-                lead = b"\n" if pos == 0 else b""   # the file's first line starts a line too
-                marks = list(ATTEMPT_START.finditer(lead + block))
-                if marks:
-                    start = pos + marks[-1].end() - len(lead)
-                carry = block[:64]
-            if start is None:
-                return None
-            handle.seek(start)
-            handle.readline()   # the rest of the "starting:" note
-            read = 0
-            for raw in handle:
-                read += len(raw)
-                if read > limit:
-                    return None
-                for line in raw.decode("utf-8", "replace").replace("\r", "\n").splitlines():
-                    found = progress_of(rx, line)
-                    if found is not None and found[0] is not None:
-                        return found[0]
-    except (OSError, re.error):
-        return None
-    return None
-
-
 def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=None):
     if not os.path.isdir(run_dir):
         raise core.UsageError(("not a directory: %s" if os.path.exists(run_dir) else "no such run dir: %s")
@@ -455,16 +359,8 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     sup_alive = core.record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"), started) \
         if (sup_recorded and same_host) else None
 
-    step, total = num(hb.get("step")), num(hb.get("total_steps"))
-    progress_source = "heartbeat" if step is not None else None
-    if step is None and (run or {}).get("progress_regex"):
-        step, total = log_progress(p("job.log"), run["progress_regex"])
-        progress_source = "job.log (--progress-regex)" if step is not None else None
-    total_source = "heartbeat" if total is not None and progress_source == "heartbeat" else \
-        ("job.log (--progress-regex)" if total is not None else None)
-    launched_total = num((run or {}).get("total_steps"))
-    if total is None and launched_total is not None and launched_total > 0:
-        total, total_source = launched_total, "run.json (--total-steps)"
+    where = progress.current(run_dir, run or {}, hb)
+    step, total = where["step"], where["total_steps"]
     hb_time = num(hb.get("time"))
     hb_mtime = mtime(p("heartbeat.json"))
     activity_age = core.progress_age(run_dir, now)
@@ -477,9 +373,9 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     r = {"run_dir": os.path.abspath(run_dir), "run_id": status.get("run_id") or (run or {}).get("run_id"),
          "status": None, "exit": None, "state": state, "reason": None, "hint": None,
          "job_pid": job_pid, "job_alive": alive, "supervisor_alive": sup_alive, "exit_code": exit_code,
-         "host": host, "step": step, "total_steps": total, "total_source": total_source,
+         "host": host, "step": step, "total_steps": total, "total_source": where["total_source"],
          "epoch": hb.get("epoch"), "loss": hb.get("loss"),
-         "progress_source": progress_source, "attempt": status.get("attempt"),
+         "progress_source": where["progress_source"], "attempt": status.get("attempt"),
          "resume": status.get("resume") if isinstance(status.get("resume"), dict) else None,
          "percent": round(100.0 * step / total, 1) if (step is not None and total) else None,
          "heartbeat_age_s": round(now - (hb_time if hb_time is not None else hb_mtime), 1)
@@ -584,16 +480,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
 
     # -- ETA
     if word in ("running", "stalled") and step is not None and total and step < total:
-        remaining = total - step
-        sps = num(hb.get("sec_per_step"))
-        if prev and prev.get("step") is not None and step > prev["step"] and prev.get("at"):
-            rate = (step - prev["step"]) / max(now - prev["at"], 1e-6)
-            r["eta_s"], r["eta_basis"] = round(remaining / rate), "watched progress"
-        elif sps and sps > 0:
-            r["eta_s"], r["eta_basis"] = round(remaining * sps), "heartbeat sec_per_step"
-        elif started:
-            r["eta_s"], r["eta_basis"] = average_eta(r, run, p("job.log"), step, remaining,
-                                                     (hb_time or now) - started)
+        r["eta_s"], r["eta_basis"] = progress.eta(step, total, hb, started, status, run, p("job.log"), now, prev)
     elif word in ("succeeded", "syncing") or (word == "running" and step is not None and total and step >= total):
         r["eta_s"], r["eta_basis"] = 0, "done"
 
@@ -602,32 +489,6 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     else:
         r["gpu_reason"] = "skipped (--no-gpu)"
     return r
-
-
-def average_eta(r, run, log_path, step, remaining, elapsed):
-    """(eta_s, eta_basis) from this attempt's average rate: the steps since the step it started at, over the
-    time since it started. A resumed attempt (attempt > 1, or a resume from a checkpoint) started where the
-    checkpoint left off, not at 0: that step is the first this attempt logged (--progress-regex); when it is
-    unknown the ETA is left out and eta_basis says why (an average from 0 would be far too low)."""
-    attempt, resume = r.get("attempt"), r.get("resume") or {}
-    resumed = (isinstance(attempt, int) and not isinstance(attempt, bool) and attempt > 1) or bool(resume.get("from"))
-    pattern = (run or {}).get("progress_regex")
-    first = attempt_first_step(log_path, pattern) if (resumed and pattern) else None
-    if not resumed:
-        start, basis = 0, "average since started_at (from step 0; low if the trainer resumed by itself)"
-    elif first is not None:
-        start, basis = first, "average since this attempt's first logged step %s" % first
-    elif "from" in resume and not resume.get("from"):
-        start, basis = 0, "average since started_at (attempt %s started fresh: no good checkpoint)" % attempt
-    else:
-        why = "attempt %s resumed%s from a step this status cannot see (no heartbeat sec_per_step%s)" % (
-            attempt, " from %s" % resume["from"] if resume.get("from") else "",
-            ", no progress line of this attempt in job.log" if pattern else ", no --progress-regex")
-        return None, "unknown: " + why
-    done = step - start
-    if done <= 0 or elapsed <= 0:
-        return None, "unknown: no progress in this attempt yet (%s)" % basis
-    return round(remaining * elapsed / done), basis
 
 
 positive_number = core.arg_number(float, 0.0, 1e9, low_open=True)   # also refuses nan and inf
