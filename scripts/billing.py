@@ -181,7 +181,9 @@ def human_report(doc):
 
 def plan_budget(max_cost, rate, options):
     """The wall-clock cap a budget buys: (new run_one options, hours, note). An existing --max-hours that is
-    already tighter is kept. Hours are rounded DOWN so the cap never buys more than the budget."""
+    already tighter is kept. Hours are rounded DOWN so the cap never buys more than the budget. The dead-man
+    is also told the budget and the rate (--deadman-arg --budget-usd=, --rate-per-hour=), so it can send
+    budget_80 and budget_100 (notify.py)."""
     if max_cost is None:
         return list(options), None, None
     if rate is None:
@@ -189,7 +191,7 @@ def plan_budget(max_cost, rate, options):
                               "PROVIDER:ID with laptop credentials for that provider")
     if not (rate > 0 and max_cost > 0) or math.isinf(rate) or math.isinf(max_cost):
         raise core.UsageError("--max-cost and the rate must be positive numbers")
-    hours = math.floor(max_cost / rate * 10000) / 10000.0
+    hours = core.budget_hours(max_cost, rate)
     if hours <= 0:
         raise core.UsageError("--max-cost %.4g buys no time at %.4g/h" % (max_cost, rate))
     out, given = [], None
@@ -216,7 +218,8 @@ def plan_budget(max_cost, rate, options):
             hours = given_h
             note = "budget: --max-hours %g is already within %.2f at %.4g/h (most it can cost: %.2f)" % (
                 given_h, max_cost, rate, given_h * rate)
-    out += ["--max-hours", "%g" % hours]
+    out += ["--max-hours", "%.12g" % hours, "--deadman-arg", "--budget-usd=%.12g" % max_cost,
+            "--deadman-arg", "--rate-per-hour=%.12g" % rate]
     return out, hours, note
 
 

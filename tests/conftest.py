@@ -111,6 +111,27 @@ def wait_for(predicate, timeout=30.0, step=0.05, what=None):
     return value
 
 
+def webhook():
+    """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard, in order); the caller ends
+    it with server.shutdown() and server.server_close(). It answers every POST 200."""
+    import http.server
+    import threading
+    heard = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, heard
+
+
 def read_json(path) -> dict:
     """A JSON file's content, or {} when it is absent, torn or not JSON (a record being written)."""
     try:

@@ -441,13 +441,16 @@ def test_billing_with_nothing_listed_is_ok(tmp_path):
 # ---------------------------------------------------------------- the budget
 
 def test_billing_budget_buys_a_wall_clock_cap_rounded_down():
+    told = ["--deadman-arg", "--budget-usd=10", "--deadman-arg", "--rate-per-hour=3"]   # for budget_80 / budget_100
     opts, hours, note = billing.plan_budget(10.0, 3.0, ["--output", "ckpt/*"])
-    assert opts == ["--output", "ckpt/*", "--max-hours", "3.3333"] and hours == 3.3333
+    assert opts == ["--output", "ckpt/*", "--max-hours", "3.3333"] + told and hours == 3.3333
     assert "at most 10.00" in note
     opts, hours, _ = billing.plan_budget(10.0, 3.0, ["--max-hours", "2", "--wait"])   # tighter cap kept
-    assert opts == ["--wait", "--max-hours", "2"] and hours == 2.0
+    assert opts == ["--wait", "--max-hours", "2"] + told and hours == 2.0
     opts, hours, _ = billing.plan_budget(10.0, 1.0, ["--max-hours=24"])               # looser cap replaced
-    assert opts == ["--max-hours", "10"] and hours == 10.0
+    assert opts[:2] == ["--max-hours", "10"] and hours == 10.0
+    opts, hours, _ = billing.plan_budget(12345.678, 10.0, [])                          # never rounded up
+    assert opts[:2] == ["--max-hours", "1234.5678"] and hours == 1234.5678
     assert billing.plan_budget(None, None, ["--wait"]) == (["--wait"], None, None)
     with pytest.raises(billing.core.UsageError):
         billing.plan_budget(10.0, None, [])
@@ -508,9 +511,11 @@ def test_billing_max_cost_arms_the_dead_man_cap_and_status_shows_cost(tmp_path, 
             runs[rid] = res
     assert "budget:     budget: at most 3.00 (1.5 h at 2/h)" in runs["budget-1"].stdout
     assert "at most 1.00 (2 h at 0.5/h)" in runs["budget-2"].stdout  # the rate the provider lists
-    for rid, hours in (("budget-1", 1.5), ("budget-2", 2.0)):
+    for rid, hours, budget, rate in (("budget-1", 1.5, 3.0, 2.0), ("budget-2", 2.0, 1.0, 0.5)):
         state = json.loads((durable / "runs" / rid / "deadman.json").read_text())
         assert find_key(state, "max_hours") == hours, state  # the dead-man's wall-clock cap is the budget's
+        # and it knows the budget, to tell budget_80 and budget_100 (notify.py)
+        assert (find_key(state, "budget_usd"), find_key(state, "rate_per_hour")) == (budget, rate), state
     events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
     launch = [e for e in events if e["event"] == "launch" and e["run_id"] == "budget-2"][0]
     assert (launch["instance"], launch["rate_per_hour"], launch["max_cost"], launch["max_hours"]) == \

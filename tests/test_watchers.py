@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import NODE, missing
+from conftest import NODE, missing, webhook
 
 sys.path.insert(0, str(NODE))
 import deadman  # noqa: E402
@@ -69,26 +69,6 @@ def cfg_for(run, *args):
     ns = deadman.build_parser().parse_args(["arm", "--run-dir", str(run), *map(str, args)])
     cfg, _warnings = deadman.build_config(ns, str(run))
     return cfg
-
-
-def webhook():
-    """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard); call server.shutdown()."""
-    import http.server
-    import threading
-    heard = []
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_POST(self):
-            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, heard
 
 
 @pytest.fixture
@@ -515,7 +495,8 @@ def test_finding_review_B3_the_re_arm_keeps_every_setting(tmp_path):
                "--fallback-stop-cmd", fallback, "--pre-stop-cmd", pre, "--pre-stop-timeout", "33",
                "--retries", "5", "--retry-backoff", "4", "--stop-timeout", "66", "--confirm-seconds", "20",
                "--term-grace-seconds", "11", "--sync-wait-seconds", "44", "--poll-seconds", "3", "--dry-run",
-               "--repeat-minutes", "5", "--registry", str(tmp_path / "reg"), "--stop-cmd", stop]
+               "--repeat-minutes", "5", "--registry", str(tmp_path / "reg"), "--budget-usd", "20",
+               "--rate-per-hour", "2.5", "--disk-floor-gb", "3.5", "--disk-floor-inodes", "500", "--stop-cmd", stop]
     first = cfg_for(run, *options)
     again = cfg_for(run, *deadman.cfg_to_argv(first))
     for key in ("identity",):

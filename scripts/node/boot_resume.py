@@ -12,6 +12,8 @@ starting/running/stalled/syncing but whose supervisor and job are gone:
   - otherwise, or with no attempts left: the run is marked failed ("the node restarted") and a
     dead-man is armed on it (the run's profile's stop), so the meter stops after the grace period
     unless someone acknowledges.
+Each run the sweep resumes or re-arms is told as boot_resume (notify.py, when a target is configured and the
+run's notify_events takes it): run_id, attempt, resume_from, action.
 Runs with a live supervisor, job or launcher (a launch still starting), runs an explicit resume holds
 (RUN_DIR/resume.lock), and finished runs, are left alone; one sweep runs at a time on the box (an flock,
 boot_resume.lock beside the box registry), so a boot hook that fires twice resumes each run once. A crash loop cannot bill forever:
@@ -171,17 +173,44 @@ def resume(run_dir, status, run, dry_run, give_up_hours):
         if dry_run:
             return {"run_dir": run_dir, "action": "would resume", "attempt": attempt + 1, "ok": True}
         mark_failed(run_dir, status, "the node restarted during attempt %d; resumed as attempt %d" % (attempt, attempt + 1))
+        resume_from = predicted_resume(run)
         ok, seconds, detail = relaunch(run_dir, run)
         result = {"run_dir": run_dir, "action": "resumed", "attempt": attempt + 1, "ok": ok,
                   "seconds_to_launch": seconds, "detail": detail}
         if not ok and not core.deadman_state(run_dir)["watching"]:  # the box is idle now: watch it anyway
             result["rearmed"] = arm_again(run_dir)[0]
+        tell_boot(run_dir, run, result, resume_from)
         return result
     if dry_run:
         return {"run_dir": run_dir, "action": "would re-arm the dead-man", "why": why_not, "ok": True}
     mark_failed(run_dir, status, "the node restarted during attempt %d (%s)" % (attempt, why_not))
     ok, detail = arm_again(run_dir)
-    return {"run_dir": run_dir, "action": "re-armed the dead-man", "why": why_not, "ok": ok, "detail": detail}
+    result = {"run_dir": run_dir, "action": "re-armed the dead-man", "why": why_not, "ok": ok, "detail": detail}
+    tell_boot(run_dir, run, dict(result, attempt=attempt))
+    return result
+
+
+def predicted_resume(run):
+    """The checkpoint the next attempt will resume from (resume_plan: the supervisor's own choice), or None."""
+    try:
+        return resume_plan(run).get("resume_from")
+    except Exception:  # noqa: BLE001  a message's detail never stops a relaunch
+        return None
+
+
+def tell_boot(run_dir, run, result, resume_from=None):
+    """boot_resume to the user (notify.py; bounded, never raises). RUN is run.json as the sweep read it, before
+    a relaunch rewrote it: its notify_events is the list the run was launched with."""
+    try:
+        import runrec
+        import stop_engine
+        send = stop_engine.notifier({}, runrec.notify_events(run_dir, run))
+        if send is not None:
+            send("boot_resume", {"run_id": run.get("run_id") or os.path.basename(run_dir),
+                                 "attempt": result.get("attempt"), "resume_from": resume_from,
+                                 "action": result.get("action"), "ok": result.get("ok"), "why": result.get("why")})
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def boot_sweep_one(run_dir, args):
@@ -211,6 +240,7 @@ def boot_sweep_one(run_dir, args):
                   "why": "unexpected %s: %s" % (type(exc).__name__, str(exc)[:200])}
         if not args.dry_run and not core.deadman_state(run_dir)["watching"]:
             result["rearmed"] = arm_again(run_dir)[0]
+            tell_boot(run_dir, core.read_json(os.path.join(run_dir, "run.json")), result)
         return result
 
 

@@ -50,6 +50,16 @@ SSH sessions (--wait-ssh; sessions.py): interactive, command and tunnel (`ssh -N
 the firing off after the job is over, at most --ssh-wait-max-minutes (60), and a session with no
 traffic for --ssh-idle-minutes (30) stops counting.
 
+Messages (notify.py, when a target is configured; a --dry-run dead-man tells no one): deadman_fired when
+it fires (with budget_100 when the cap that fired is the one --budget-usd bought), stalled, stop_confirmed,
+stop_not_confirmed (repeated until an ACK, --repeat-minutes); and from a quiet poll: first_progress once per
+attempt (the attempt's step rose above the first it showed; with the ETA run_status.py gives), budget_80
+once (80% of the hours --budget-usd buys at --rate-per-hour have passed since arming), disk_low once per
+crossing (the run dir's or the durable dir's filesystem under --disk-floor-gb or --disk-floor-inodes; told
+again only after it came back 10% above the floor; a filesystem that does not answer is skipped). The run's
+own list (run.json notify_events) narrows what is sent. RUN_DIR/notified.json records what was told, so a
+re-armed dead-man does not tell it again.
+
 Usage:
   deadman.py arm --run-dir DIR [--stall-minutes 30] [--grace-minutes 15] [--max-hours H]
                  [--wait-ssh] [--ssh-wait-max-minutes 60] [--ssh-idle-minutes 30]
@@ -58,6 +68,7 @@ Usage:
                  [--pre-stop-timeout 300] [--retries 3] [--retry-backoff 10] [--stop-timeout 120]
                  [--confirm-seconds S] [--term-grace-seconds 30] [--sync-wait-seconds 300]
                  [--job-pid PID] [--poll-seconds 30] [--repeat-minutes 15] [--registry DIR] [--dry-run]
+                 [--budget-usd USD --rate-per-hour X] [--disk-floor-gb 10] [--disk-floor-inodes 10000]
                  [--foreground] [--json]
   deadman.py ack --run-dir DIR [--postpone-minutes M | --disarm] [--json]
   deadman.py status --run-dir DIR [--json]
@@ -81,9 +92,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 
+import progress
 import rgt_core as core
 import runrec
 import sessions
@@ -106,6 +119,9 @@ FIRED_FILE = core.DEADMAN_FIRED_FILE
 LOCK_FILE = "deadman.lock"
 WATCH_RESERVE = ".rgt-watch-reserve"
 SUSPEND_THRESHOLD = 60.0
+BUDGET_WARN_SHARE = 0.8           # budget_80: this share of the hours the budget buys has passed
+DISK_RECOVER = 1.1                # a low disk counts as recovered only this far above its floor (hysteresis)
+DISK_CHECK_SECONDS = 2.0          # a filesystem that does not answer statvfs in this long is skipped this poll
 # What this process runs: a push that replaces the folder later does not change it (status flags it).
 LOADED_VERSION = core.toolkit_version()
 
@@ -191,6 +207,7 @@ class Watcher(object):
         self.failing_since = None
         self.record_errors = 0
         self.next_deadline = None         # monotonic: the earliest firing the last check foresaw (R15)
+        self.budget_told = False          # budget_80 sent by this watcher
 
     def due_at(self, mono):
         """Note a deadline the last check foresaw (a grace, stall or cap running out), so the poll wakes
@@ -280,6 +297,51 @@ class Watcher(object):
                     dur(now - self.failing_since), type(exc).__name__, exc), None, False
             return None
 
+    def guarded_observe(self, now):
+        """observe(now), best effort: a message that cannot be worked out or sent never ends the watch."""
+        try:
+            self.observe(now)
+        except Exception as exc:  # noqa: BLE001
+            self.note("telling failed, watching on: %s: %s" % (type(exc).__name__, exc))
+
+    def observe(self, now):
+        """Messages from a quiet poll (no firing): the budget's 80 % mark. Subclasses add their own."""
+        send = self.sender()
+        if send is not None:
+            self.tell_budget(now, send)
+
+    def sender(self):
+        """send(event, fields) for this watcher's messages (stop_engine.notifier), or None: a dry run tells no one."""
+        if self.cfg.get("dry_run"):
+            return None
+        return stop_engine.notifier(self.notify_fields(), self.notify_events())
+
+    def notify_events(self):
+        """The run's own event list (None: every event); a box watcher has no run."""
+        return None
+
+    def budget(self, now):
+        """(hours the budget buys, its fields at NOW) or (None, None) without --budget-usd."""
+        usd, rate = self.cfg.get("budget_usd"), self.cfg.get("rate_per_hour")
+        if not usd or not rate:
+            return None, None
+        spent_h = max(0.0, now - self.armed_mono) / 3600.0
+        return core.budget_hours(usd, rate), {"spent_usd": round(spent_h * rate, 2), "budget_usd": usd,
+                                              "rate_per_hour": rate, "elapsed_s": round(spent_h * 3600)}
+
+    def tell_budget(self, now, send):
+        """budget_80 once, when BUDGET_WARN_SHARE of the budget's hours have passed since arming."""
+        hours, fields = self.budget(now)
+        if hours is None or self.budget_told:
+            return
+        mark = self.armed_mono + hours * 3600 * BUDGET_WARN_SHARE
+        if now >= mark:
+            self.budget_told = True
+            self.log("budget: %.2f of %.2f spent (estimate); telling" % (fields["spent_usd"], fields["budget_usd"]))
+            send("budget_80", fields)
+        else:
+            self.due_at(mark)
+
     def cap_reached(self, now):
         hours = self.cfg.get("max_hours") or 0.0
         if hours and now - self.armed_mono >= hours * 3600:
@@ -316,6 +378,8 @@ class Watcher(object):
             self.next_deadline = None
             verdict = self.guarded_evaluate(now)
             flush_notifications()
+            if verdict is None:
+                self.guarded_observe(now)
             if verdict and verdict[0] == "disarm":
                 self.state = "disarmed"
                 self.log("disarmed by ACK; exiting without stopping anything")
@@ -360,9 +424,12 @@ class Watcher(object):
         self.state = "fired"
         self.write_state()
         self.log("FIRED: %s: %s" % (reason, detail))
-        send = stop_engine.notifier(self.notify_fields())
-        if send is not None and not cfg["dry_run"]:   # before the stop: it may take the box and the message
+        send = self.sender()
+        if send is not None:   # before the stop: it may take the box and the message
             send("idle_stop" if reason == "idle_box" else "deadman_fired", {"reason": reason, "detail": detail})
+            hours, spent = self.budget(time.monotonic())
+            if reason == "max_hours" and hours is not None and cfg.get("max_hours", 0) >= hours - 1e-6:
+                send("budget_100", spent)   # the cap that fired is the one the budget bought
         try:
             self.before_stop(job_pid, job_alive)
         except Exception:  # noqa: BLE001  the stop must run even when the courtesy to the job failed
@@ -377,7 +444,7 @@ class Watcher(object):
             rc = last_resort_stop(cfg, self.log)
             self.fired["last_resort_rc"] = rc
             self.save_fired()
-        if rc != 0 and not cfg["dry_run"] and send is not None:
+        if rc != 0 and send is not None:
             self.keep_telling(send)
         return self.finish(0 if rc == 0 else 1)
 
@@ -465,6 +532,11 @@ class Deadman(Watcher):
         self.ack_sig = None
         self.ack_until_mono = None
         self.stopped_job = None           # the job this dead-man already stopped for a stall
+        self.progress_look = None         # (mtime of heartbeat.json, of job.log) at the last first_progress look
+        self.progress_base = {}           # attempt -> the first step its heartbeat showed this dead-man
+        self.progress_told = set()        # attempts whose first_progress is told (or was, says notified.json)
+        self.disk_low = dict(runrec.notified(run_dir).get("disk_low") or {})   # which filesystem is low now
+        self.disk_probe = None            # a statvfs still hanging (a dead network mount): none started meanwhile
 
     def from_wall(self, wall, now):
         """A monotonic instant for a wall time read from a file, no earlier than arming."""
@@ -686,13 +758,136 @@ class Deadman(Watcher):
             rec["error"] = str(exc)
         self.write_state({"stalled_job_stopped": rec})
         self.save("STALL_STOPPED.json", rec)
-        send = stop_engine.notifier(self.notify_fields())
-        if send is not None and not self.cfg["dry_run"]:
+        send = self.sender()
+        if send is not None:
             send("stalled", {"detail": detail, "box_stop": False})
 
     def notify_fields(self):
         return {"host": socket.gethostname(), "run_dir": self.run_dir,
                 "run_id": runrec.status(self.run_dir).get("run_id")}
+
+    def notify_events(self):
+        return runrec.notify_events(self.run_dir)
+
+    # messages from a quiet poll
+    def observe(self, now):
+        send = self.sender()
+        if send is None:
+            return
+        for tell in (self.tell_budget, self.tell_first_progress, self.tell_disk):
+            try:   # each on its own: one that breaks never keeps the others quiet
+                tell(now, send)
+            except Exception as exc:  # noqa: BLE001
+                self.note("%s failed, watching on: %s: %s" % (tell.__name__, type(exc).__name__, exc))
+
+    def note_told(self, key, value):
+        """Record in notified.json what was told, so a re-armed dead-man does not tell it again. Best effort and
+        without the reserve: that is kept for the stop's own records."""
+        doc = runrec.notified(self.run_dir)
+        doc[key] = value
+        error = core.write_json_best_effort(self.p(runrec.NOTIFIED), doc)
+        if error:
+            self.note("%s not recorded (%s); not told again by this dead-man" % (key, error))
+
+    def tell_first_progress(self, now, send):
+        """first_progress once per attempt: the first time the attempt's step rises above the first step it
+        showed (its first logged step with --progress-regex; else the first its heartbeat showed this dead-man),
+        with the ETA run_status.py would give (progress.py). Looked at only when heartbeat.json or job.log moved."""
+        look = (mtime(self.p(progress.HEARTBEAT)), mtime(self.p(progress.JOB_LOG)))
+        if look == self.progress_look:
+            return
+        self.progress_look = look
+        status = runrec.status(self.run_dir)
+        attempt = status.get("attempt") or 1
+        if status.get("state") not in ("running", "stalled") or attempt in self.progress_told:
+            return
+        if (runrec.notified(self.run_dir).get("first_progress") or {}).get("attempt") == attempt:
+            self.progress_told.add(attempt)
+            return
+        run = core.read_json(self.p(runrec.RUN))
+        seen = progress.attempt_progress(self.run_dir, status, run)
+        step = seen["step"]
+        if step is None:
+            return
+        base = seen["first_step"] if seen["first_step"] is not None else self.progress_base.setdefault(attempt, step)
+        if step <= base:
+            return
+        eta_s, basis = progress.eta(step, seen["total_steps"], seen["heartbeat"],
+                                    core.parse_iso(status.get("started_at")), status, run,
+                                    self.p(progress.JOB_LOG), time.time())
+        self.progress_told.add(attempt)
+        self.log("first progress of attempt %s: step %s; telling (eta %s: %s)" % (attempt, step, eta_s, basis))
+        self.note_told("first_progress", {"attempt": attempt, "step": step, "at": stamp()})
+        send("first_progress", {"attempt": attempt, "step": step, "total": seen["total_steps"], "eta_s": eta_s})
+
+    def disk_paths(self):
+        """(label, path) of the filesystems a run needs: its run dir's and its durable dir's."""
+        paths = [("run_dir", self.run_dir)]
+        durable = core.read_json(self.p(runrec.RUN)).get("durable_dir")
+        if isinstance(durable, str) and durable and os.path.isdir(durable):
+            paths.append(("durable_dir", durable))
+        return paths
+
+    def measure(self, path):
+        """core.disk_check(PATH) in a helper thread, waited for at most DISK_CHECK_SECONDS: a hung network
+        mount must not hold the watch. None when it did not answer (or failed); one helper at a time."""
+        if self.disk_probe is not None and self.disk_probe.is_alive():
+            return None
+        found = {}
+
+        def probe():
+            try:
+                found["info"] = core.disk_check(path)
+            except OSError:
+                pass
+        thread = threading.Thread(target=probe, name="rgt-disk-check", daemon=True)
+        thread.start()
+        thread.join(DISK_CHECK_SECONDS)
+        if thread.is_alive():
+            self.disk_probe = thread
+            self.note("statvfs of %s did not answer within %g s; disk not checked" % (path, DISK_CHECK_SECONDS))
+            return None
+        return found.get("info")
+
+    def tell_disk(self, now, send):
+        """disk_low once per crossing: free bytes or inodes of the run dir's or durable dir's filesystem under
+        the floor (disk_state); told again only after it recovered."""
+        floor_gb = self.cfg.get("disk_floor_gb")
+        floor_gb = core.DEFAULT_DISK_FLOOR_GB if floor_gb is None else floor_gb
+        floor_inodes = self.cfg.get("disk_floor_inodes")
+        floor_inodes = core.DEFAULT_MIN_FREE_INODES if floor_inodes is None else floor_inodes
+        seen = set()
+        for label, path in self.disk_paths():
+            info = self.measure(path)
+            if info is None or info["dev"] in seen:
+                continue
+            seen.add(info["dev"])
+            was = bool(self.disk_low.get(label))
+            low, tell = disk_state(was, info["free_bytes"], info["free_inodes"], floor_gb * (1 << 30), floor_inodes)
+            if low == was:
+                continue
+            self.disk_low[label] = low
+            self.note_told("disk_low", dict(self.disk_low))
+            if not tell:
+                self.log("disk of the %s recovered: %s free, %s inodes" % (
+                    label, core.human_bytes(info["free_bytes"]), info["free_inodes"]))
+                continue
+            self.log("DISK LOW under the %s: %s free, %s inodes (floor %g GiB, %d inodes); telling" % (
+                label, core.human_bytes(info["free_bytes"]), info["free_inodes"], floor_gb, floor_inodes))
+            send("disk_low", {"which": label, "path": info["measured_at"], "free_bytes": info["free_bytes"],
+                              "free_inodes": info["free_inodes"], "floor_gb": floor_gb, "floor_inodes": floor_inodes})
+
+
+def disk_state(was_low, free_bytes, free_inodes, floor_bytes, floor_inodes):
+    """Pure: (low now, tell now). A filesystem is low when its free bytes or free inodes (None: not reported)
+    are under their floor; once low it stays low until both are at least DISK_RECOVER times their floor, so a
+    disk that hovers at the floor sends one message, not one per poll. TELL is true on the look it turns low."""
+    under = free_bytes < floor_bytes or (free_inodes is not None and free_inodes < floor_inodes)
+    if not was_low:
+        return under, under
+    clear = free_bytes >= floor_bytes * DISK_RECOVER and (
+        free_inodes is None or free_inodes >= floor_inodes * DISK_RECOVER)
+    return not clear, False
 
 
 def live_deadman(run_dir):
@@ -777,6 +972,15 @@ WATCH_OPTIONS = [
      "8; until an ACK) when notify.py has a target (15)"),
     ("registry", "--registry", "str", None,
      "the box's run registry (default $RGT_REGISTRY, else ~/.rgt/registry): other runs it lists hold the stop off"),
+    ("budget_usd", "--budget-usd", "float+", None,
+     "the run's budget (rgt.py launch --max-cost): with --rate-per-hour, the cap is at most the hours it buys, "
+     "budget_80 is told at 80%% of them and budget_100 when the cap fires"),
+    ("rate_per_hour", "--rate-per-hour", "float+", None, "the box's price per hour, for --budget-usd"),
+    ("disk_floor_gb", "--disk-floor-gb", "float", None,
+     "tell disk_low when the run dir's or durable dir's filesystem has fewer GiB free (default %g, the "
+     "toolkit's launch floor)" % core.DEFAULT_DISK_FLOOR_GB),
+    ("disk_floor_inodes", "--disk-floor-inodes", "int", None,
+     "tell disk_low when either has fewer free inodes (default %d)" % core.DEFAULT_MIN_FREE_INODES),
 ]
 
 
@@ -826,6 +1030,15 @@ def build_config(args, run_dir):
         cfg["job_identity"] = core.process_identity(args.job_pid)
     if args.retries < 1:
         raise core.UsageError("--retries must be at least 1")
+    if bool(args.budget_usd) != bool(args.rate_per_hour):
+        raise core.UsageError("--budget-usd and --rate-per-hour go together (the budget, and what an hour costs)")
+    if args.budget_usd:   # the budget's cap holds whatever --max-hours says
+        hours = core.budget_hours(args.budget_usd, args.rate_per_hour)
+        if hours <= 0:
+            raise core.UsageError("--budget-usd %g buys no time at %g per hour" % (args.budget_usd, args.rate_per_hour))
+        cfg["max_hours"] = min(cfg["max_hours"] or hours, hours)
+    if args.disk_floor_inodes is not None and args.disk_floor_inodes < 0:
+        raise core.UsageError("--disk-floor-inodes must be 0 or more")
     profile = args.profile
     if not profile:
         profile = core.read_json(os.path.join(run_dir, "run.json")).get("profile") or None

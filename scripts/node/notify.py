@@ -29,6 +29,19 @@ The library API (what the watchers call; none of it raises):
       For STOP NOT CONFIRMED: send again until acknowledged, every every_s (900) doubling up to
       max_interval_s (4 h), at most max_count (8) times.
 
+Who sends each event (every run-scoped sender passes the run's own list, run.json notify_events, as EVENTS):
+  launched, finished, failed    supervise.py: the job started; the job ended and its sync is over
+  first_progress                deadman.py: once per attempt, when its step first rises (step, total, eta_s)
+  stalled                       deadman.py: it stopped a stalled run's job and left the box on for other runs
+  deadman_fired                 deadman.py: it fired (then budget_100 when the cap it fired for is the budget's)
+  budget_80                     deadman.py: once, when 80% of the hours the budget buys have passed
+  disk_low                      deadman.py: once per crossing of the disk floor (the run dir's or durable dir's)
+  stop_confirmed                stop_engine.py: the stop was read back as done (dead-man, idle watch)
+  stop_not_confirmed            stop_engine.py, then deadman.py repeats it until an ACK (should_repeat)
+  idle_stop                     idle_watch.py: it fired on an idle box
+  boot_resume                   boot_resume.py: its boot sweep resumed a run or re-armed its dead-man
+A dry-run dead-man tells no one.
+
 Configuration: ONE JSON file on the node, mode 0600, owned by this user (refused otherwise, exit 3),
 default ~/.config/rgt/notify.json ($RGT_NOTIFY_CONFIG overrides) -- never under the durable or
 results dirs, so it never travels in a pull. Spool: ~/.cache/rgt/notify-spool/ ($RGT_NOTIFY_SPOOL).

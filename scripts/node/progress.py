@@ -177,13 +177,15 @@ def average_eta(status, run, log_path, step, remaining, elapsed):
 
 
 def attempt_progress(run_dir, status, run=None):
-    """This attempt's own progress: (step, total, first_step), each None when unknown. A heartbeat.json
-    older than the attempt's start (status.json started_at) belongs to an earlier attempt and is not read;
-    a step from job.log counts only once this attempt logged one (its first is FIRST_STEP)."""
+    """This attempt's own progress: {"step", "total_steps", "first_step", "heartbeat"}, each None (the heartbeat
+    {}) when unknown. A heartbeat.json older than the attempt's start (status.json started_at) belongs to an
+    earlier attempt and is not read; a step from job.log counts only once this attempt logged one (the first
+    of them is first_step)."""
+    nothing = {"step": None, "total_steps": None, "first_step": None, "heartbeat": {}}
     run = run if isinstance(run, dict) else core.read_json(os.path.join(run_dir, "run.json"))
     started = core.parse_iso((status or {}).get("started_at"))
     if started is None:
-        return None, None, None
+        return nothing
     hb = {}
     try:
         if os.stat(os.path.join(run_dir, HEARTBEAT)).st_mtime >= started:
@@ -194,6 +196,6 @@ def attempt_progress(run_dir, status, run=None):
     if num(hb.get("step")) is None and run.get("progress_regex"):
         first = attempt_first_step(os.path.join(run_dir, JOB_LOG), run["progress_regex"])
         if first is None:
-            return None, None, None
-    now = current(run_dir, run, hb)
-    return now["step"], now["total_steps"], first
+            return nothing
+    where = current(run_dir, run, hb)
+    return {"step": where["step"], "total_steps": where["total_steps"], "first_step": first, "heartbeat": hb}

@@ -13,6 +13,7 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
                                      can write a copy of exactly the bytes hashed)
   profile_index_path / load_profile  the profile index lookup (one search order, one error)
   disk_check / disk_gate             free bytes AND inodes, plus a write probe, one inode floor
+  budget_hours                       the wall-clock hours a budget buys (billing's cap, the dead-man's messages)
   progress_age / is_stalled          the stall rule (one default, read from the dead-man's config)
   deadman_state                      what watches a run dir: ARMED, DOWN, FIRED, DISARMED, EXITED, NONE
   run_bounded                        an external command with a hard timeout that holds even when
@@ -32,6 +33,7 @@ import argparse
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import signal
@@ -806,6 +808,12 @@ def disk_gate(paths, min_free_gb, min_free_inodes=DEFAULT_MIN_FREE_INODES, writa
                        "line": ("REFUSED %s" % reason) if reason else "OK %s is writable" % folder})
         ok = ok and reason is None
     return ok, checks
+
+
+def budget_hours(max_cost, rate):
+    """The hours MAX_COST buys at RATE per hour, rounded DOWN to 1/10000 h so a cap never buys more than the
+    budget. Both must be positive and finite (the callers check)."""
+    return math.floor(max_cost / rate * 10000) / 10000.0
 
 
 # ---------------------------------------------------------------- the stall rule

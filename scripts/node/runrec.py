@@ -30,6 +30,9 @@ PREVIOUS = "previous"
 # The launch word for word when it carries a URL credential (a presigned data URL, https://user:token@): 0600, in
 # the run dir only, never synced, read by the supervisor and boot_resume.py's replay; run.json holds it scrubbed.
 RAW_ARGV = ".launch-argv.json"
+# What the watchers already told about this run (first_progress per attempt, a disk still low), so a re-armed
+# dead-man does not tell it again. Written by the dead-man only; no secret in it.
+NOTIFIED = "notified.json"
 SCHEMA_VERSION = 1
 
 ACTIVE = ("starting", "running", "stalled", "syncing")
@@ -113,6 +116,22 @@ def raw_launch(run_dir, run):
     if isinstance(cmd, list) and isinstance(argv, list):
         return cmd, argv
     return run.get("cmd") or [], run.get("launch_argv") or []
+
+
+def notify_events(run_dir, run=None):
+    """The events this run asked to be told about (run.json notify_events, set by run_one.sh --notify-events;
+    RUN: run.json as already read): a list of event names, or None (every event the targets take) when absent
+    or malformed."""
+    run = run if isinstance(run, dict) else core.read_json(path(run_dir, RUN))
+    events = run.get("notify_events")
+    if isinstance(events, list) and all(isinstance(e, str) for e in events):
+        return list(events)
+    return None
+
+
+def notified(run_dir):
+    """notified.json: {event: what was told and when} ({} when nothing was)."""
+    return core.read_json(path(run_dir, NOTIFIED))
 
 
 def attempt_number(run_dir):

@@ -537,8 +537,9 @@ class Engine(object):
         return 0
 
 
-def notifier(base_fields):
-    """send(event, fields) through notify.py (bounded, never raising), or None when it is absent.
+def notifier(base_fields, events=None):
+    """send(event, fields) through notify.py (bounded, never raising), or None when it is absent. EVENTS is
+    the run's own event list (runrec.notify_events; None: every event the targets take).
     Fields never carry a stop command: an expanded $VAR can hold a token."""
     try:
         import notify
@@ -547,7 +548,7 @@ def notifier(base_fields):
 
     def send(event, fields):
         try:
-            return notify.emit(event, dict(base_fields, **fields), timeout=5)
+            return notify.emit(event, dict(base_fields, **fields), timeout=5, events=events)
         except Exception as exc:  # noqa: BLE001  a message never ends the stop sequence
             return {"error": str(exc)[:200]}
     return send
