@@ -132,6 +132,20 @@ def webhook():
     return server, heard
 
 
+def kill_everything_of(run_dir):
+    """A simulated restart: the supervisor, the job's group and the dead-man die together, by SIGKILL."""
+    status = read_json(run_dir / "status.json")
+    for pid in (status.get("job_pid"), status.get("supervisor_pid"), read_json(run_dir / "deadman.json").get("pid")):
+        if pid:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    for pid in (status.get("job_pid"), status.get("supervisor_pid")):
+        assert wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
+                        open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30)
+
+
 def read_json(path) -> dict:
     """A JSON file's content, or {} when it is absent, torn or not JSON (a record being written)."""
     try:

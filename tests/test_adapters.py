@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import NODE, need_module, wait_for
+from conftest import NODE, kill_everything_of, need_module, wait_for
 from conftest import read_json as read
 
 torch = need_module("torch")      # PyTorch (CPU) drives the third-party trainer
@@ -174,20 +174,6 @@ for step in range(start + 1, args.steps + 1):
     time.sleep(0.2 if hold and os.path.exists(hold) else 0.01)
 open("out/final.txt", "w").write("from %d to %d\n" % (start, args.steps))
 '''
-
-
-def kill_everything_of(run_dir):
-    """A simulated restart: the supervisor, the job's group and the dead-man die together, by SIGKILL."""
-    status = read(run_dir / "status.json")
-    for pid in (status.get("job_pid"), status.get("supervisor_pid"), read(run_dir / "deadman.json").get("pid")):
-        if pid:
-            try:
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            except OSError:
-                pass
-    for pid in (status.get("job_pid"), status.get("supervisor_pid")):
-        assert wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
-                        open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30)
 
 
 @pytest.mark.drill("restart re-arms the dead-man")

@@ -5,6 +5,7 @@ Every message goes to a real webhook receiver on 127.0.0.1 (conftest.webhook) th
 run real dead-man, supervisor and boot_resume.py processes; the rules (once per attempt, once per crossing,
 the 80 % mark) are also driven through the dead-man's own poll (Deadman.observe) with the clock passed in.
 """
+import errno
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import NODE, wait_for, webhook
+from conftest import NODE, kill_everything_of, need_root, wait_for, webhook
 from conftest import read_json as read
 from test_watchers import DEADMAN, POLL, cfg_for, child, finished_run, running_status, stand_in  # noqa: F401,F811
 
@@ -247,6 +248,59 @@ def test_notif_drill_a_real_dead_man_tells_disk_low_once_then_first_progress(tmp
     assert "DISK LOW" in (run / "deadman.log").read_text()
 
 
+def fill(path):
+    """Write zeros to PATH until its filesystem is full."""
+    try:
+        with open(str(path), "ab") as fh:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+
+
+def test_notif_drill_a_full_filesystem_is_told_once_per_crossing_and_the_stop_still_runs(tmp_path, hook, child):
+    """The run dir on a real 4 MiB tmpfs, filled to the brim: disk_low is told although no record can be written
+    there; freed, then filled again: told again; then the job ends and the stop runs (root: a mount)."""
+    need_root("mounting a small tmpfs")
+    heard, env = hook
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    armed = None
+    try:
+        run = mnt / "run"
+        run.mkdir()
+        job = child()
+        running_status(run, job, run_id="full")
+        stop, calls = stand_in(tmp_path)
+        armed = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
+                                  "--foreground", "--grace-minutes", "0", "--stall-minutes", "0", "--stop-cmd", stop,
+                                  "--disk-floor-gb", "0.001", "--disk-floor-inodes", "0"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert wait_for(lambda: (run / "deadman.json").exists(), 60)
+        fill(mnt / "filler")
+        assert wait_for(lambda: events(heard) == ["disk_low"], 60), heard
+        os.unlink(str(mnt / "filler"))
+        # the dead-man saw it recover (10 % over the 1 MiB floor) when it could write that down again
+        assert wait_for(lambda: read(run / "notified.json").get("disk_low") == {"run_dir": False}, 60)
+        fill(mnt / "filler")
+        assert wait_for(lambda: events(heard) == ["disk_low", "disk_low"], 60), heard
+        job.kill()
+        job.wait()
+        _out, err = armed.communicate(timeout=120)
+        assert armed.returncode == 0, err
+    finally:
+        if armed is not None and armed.poll() is None:
+            armed.kill()
+            armed.wait()
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
+    assert events(heard) == ["disk_low", "disk_low", "deadman_fired"], heard
+    assert len(calls.read_text().splitlines()) == 1             # the stop ran, on a full run dir
+
+
 def test_notif_a_filesystem_that_hangs_never_holds_the_watch(tmp_path, hook, monkeypatch):
     """statvfs on a dead network mount can block for ever: the dead-man waits DISK_CHECK_SECONDS for it, skips
     the disk this poll, and starts no second probe while the first still hangs. (The hang is a stand-in for
@@ -290,7 +344,6 @@ while os.path.exists(os.environ["GATE_FILE"]):
 @pytest.mark.parametrize("opted_in, run_events, told", [(True, None, True), (False, ["failed"], False)],
                          ids=["resumed-told", "re-armed-not-in-the-runs-list"])
 def test_notif_boot_resume_tells_what_the_boot_sweep_did(tmp_path, hook, box, opted_in, run_events, told):
-    from test_adapters import kill_everything_of
     heard, env = hook
     (box.work / "job.py").write_text(BOOT_JOB)
     gate = tmp_path / "hold"
