@@ -62,6 +62,36 @@ def beat(run, step, at=None, **extra):
     os.utime(str(path), (at, at))
 
 
+@pytest.fixture
+def dead_man(hook):
+    """start(run, *arm options) -> a foreground dead-man process sending to the hook; ended after the test.
+    Its exit: code, stderr = finish(proc)."""
+    _heard, env = hook
+    procs = []
+
+    def start(run, *args):
+        proc = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
+                                 "--foreground", *map(str, args)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        end(proc)
+
+
+def end(proc):
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=60)
+
+
+def finish(proc, timeout=120):
+    """Wait for a dead-man process to exit by itself -> (exit code, stderr)."""
+    _out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
 def a_deadman(run, *args):
     stop, _calls = stand_in(run.parent)
     return deadman.Deadman(str(run), cfg_for(run, "--stop-cmd", stop, *args), foreground=False)
@@ -212,7 +242,7 @@ def test_notif_disk_floors_of_zero_never_tell():
     assert deadman.disk_state(False, 0, 0, 0, 0) == (False, False)
 
 
-def test_notif_drill_a_real_dead_man_tells_disk_low_once_then_first_progress(tmp_path, hook, child):
+def test_notif_drill_a_real_dead_man_tells_disk_low_once_then_first_progress(tmp_path, hook, child, dead_man):
     """A floor no disk meets: disk_low once (the run dir and the durable dir share one filesystem: one message),
     then first_progress when the step rises, then deadman_fired when the job ends; each from a later poll, so a
     second disk_low would be heard before the firing."""
@@ -225,22 +255,14 @@ def test_notif_drill_a_real_dead_man_tells_disk_low_once_then_first_progress(tmp
     (run / "run.json").write_text(json.dumps({"run_id": "dl", "durable_dir": str(tmp_path / "durable")}))
     beat(run, 1)
     stop, _calls = stand_in(tmp_path)
-    armed = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
-                              "--foreground", "--grace-minutes", "0", "--stall-minutes", "0", "--stop-cmd", stop,
-                              "--disk-floor-gb", "1e8"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True)
-    try:
-        assert wait_for(lambda: "disk_low" in events(heard), 60), heard
-        beat(run, 2)
-        assert wait_for(lambda: "first_progress" in events(heard), 60), heard
-        job.kill()
-        job.wait()
-        _out, err = armed.communicate(timeout=120)
-    finally:
-        if armed.poll() is None:
-            armed.kill()
-            armed.wait()
-    assert armed.returncode == 0, err
+    armed = dead_man(run, "--grace-minutes", "0", "--stall-minutes", "0", "--stop-cmd", stop, "--disk-floor-gb", "1e8")
+    assert wait_for(lambda: "disk_low" in events(heard), 60), heard
+    beat(run, 2)
+    assert wait_for(lambda: "first_progress" in events(heard), 60), heard
+    job.kill()
+    job.wait()
+    code, err = finish(armed)
+    assert code == 0, err
     assert events(heard) == ["disk_low", "first_progress", "deadman_fired"], heard
     (low,) = fields_of(heard, "disk_low")
     assert low["which"] == "run_dir" and low["floor_gb"] == 1e8 and low["free_bytes"] > 0
@@ -259,7 +281,8 @@ def fill(path):
         assert exc.errno == errno.ENOSPC, exc
 
 
-def test_notif_drill_a_full_filesystem_is_told_once_per_crossing_and_the_stop_still_runs(tmp_path, hook, child):
+def test_notif_drill_a_full_filesystem_is_told_once_per_crossing_and_the_stop_still_runs(tmp_path, hook, child,
+                                                                                         dead_man):
     """The run dir on a real 4 MiB tmpfs, filled to the brim: disk_low is told although no record can be written
     there; freed, then filled again: told again; then the job ends and the stop runs (root: a mount)."""
     need_root("mounting a small tmpfs")
@@ -276,10 +299,8 @@ def test_notif_drill_a_full_filesystem_is_told_once_per_crossing_and_the_stop_st
         job = child()
         running_status(run, job, run_id="full")
         stop, calls = stand_in(tmp_path)
-        armed = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
-                                  "--foreground", "--grace-minutes", "0", "--stall-minutes", "0", "--stop-cmd", stop,
-                                  "--disk-floor-gb", "0.001", "--disk-floor-inodes", "0"], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        armed = dead_man(run, "--grace-minutes", "0", "--stall-minutes", "0", "--stop-cmd", stop,
+                         "--disk-floor-gb", "0.001", "--disk-floor-inodes", "0")
         assert wait_for(lambda: (run / "deadman.json").exists(), 60)
         fill(mnt / "filler")
         assert wait_for(lambda: events(heard) == ["disk_low"], 60), heard
@@ -290,12 +311,11 @@ def test_notif_drill_a_full_filesystem_is_told_once_per_crossing_and_the_stop_st
         assert wait_for(lambda: events(heard) == ["disk_low", "disk_low"], 60), heard
         job.kill()
         job.wait()
-        _out, err = armed.communicate(timeout=120)
-        assert armed.returncode == 0, err
+        code, err = finish(armed)
+        assert code == 0, err
     finally:
-        if armed is not None and armed.poll() is None:
-            armed.kill()
-            armed.wait()
+        if armed is not None:
+            end(armed)      # before the umount: a process on the mount keeps it busy
         subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
     assert events(heard) == ["disk_low", "disk_low", "deadman_fired"], heard
     assert len(calls.read_text().splitlines()) == 1             # the stop ran, on a full run dir
@@ -406,25 +426,18 @@ def test_notif_a_run_that_wants_only_failed_hears_only_failed(tmp_path, hook):
     assert ended == [("failed", "bad")], heard
 
 
-def test_notif_the_dead_man_and_the_stop_engine_tell_only_the_runs_events(tmp_path, hook):
+def test_notif_the_dead_man_and_the_stop_engine_tell_only_the_runs_events(tmp_path, hook, dead_man):
     """notify_events ["stop_not_confirmed"]: the firing (deadman_fired) is not told, the escalation is."""
     heard, env = hook
     run = finished_run(tmp_path, run_id="only")
     (run / "run.json").write_text(json.dumps({"run_id": "only", "notify_events": ["stop_not_confirmed"]}))
     stop, _calls = stand_in(tmp_path)
-    armed = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
-                              "--foreground", "--grace-minutes", "0", "--stop-cmd", stop, "--confirm-seconds", "0.2",
-                              "--retries", "1", "--repeat-minutes", "600"], env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert wait_for(lambda: "stop_not_confirmed" in events(heard), 60), heard
-        subprocess.run([sys.executable, DEADMAN, "ack", "--run-dir", str(run)], capture_output=True, check=True)
-        _out, err = armed.communicate(timeout=60)
-    finally:
-        if armed.poll() is None:
-            armed.kill()
-            armed.wait()
-    assert armed.returncode == 1, err
+    armed = dead_man(run, "--grace-minutes", "0", "--stop-cmd", stop, "--confirm-seconds", "0.2", "--retries", "1",
+                     "--repeat-minutes", "600")
+    assert wait_for(lambda: "stop_not_confirmed" in events(heard), 60), heard
+    subprocess.run([sys.executable, DEADMAN, "ack", "--run-dir", str(run)], capture_output=True, check=True)
+    code, err = finish(armed, 60)
+    assert code == 1, err
     assert set(events(heard)) == {"stop_not_confirmed"}, heard     # the engine's escalations, nothing else
     notified = read(run / "DEADMAN_FIRED.json")["notified"]
     assert {n["event"] for n in notified} == {"stop_not_confirmed"} and notified[0]["sent"] == ["hook"]
