@@ -535,7 +535,7 @@ class Deadman(Watcher):
         self.progress_look = None         # (mtime of heartbeat.json, of job.log) at the last first_progress look
         self.progress_base = {}           # attempt -> the first step its heartbeat showed this dead-man
         self.progress_told = set()        # attempts whose first_progress is told (or was, says notified.json)
-        self.disk_low = dict(runrec.notified(run_dir).get("disk_low") or {})   # which filesystem is low now
+        self.disk_low = told_record(run_dir, "disk_low")   # which filesystem is low now (a re-arm keeps it)
         self.disk_probe = None            # a statvfs still hanging (a dead network mount): none started meanwhile
 
     def from_wall(self, wall, now):
@@ -801,7 +801,7 @@ class Deadman(Watcher):
         attempt = status.get("attempt") or 1
         if status.get("state") not in ("running", "stalled") or attempt in self.progress_told:
             return
-        if (runrec.notified(self.run_dir).get("first_progress") or {}).get("attempt") == attempt:
+        if told_record(self.run_dir, "first_progress").get("attempt") == attempt:
             self.progress_told.add(attempt)
             return
         run = core.read_json(self.p(runrec.RUN))
@@ -876,6 +876,12 @@ class Deadman(Watcher):
                 label, core.human_bytes(info["free_bytes"]), info["free_inodes"], floor_gb, floor_inodes))
             send("disk_low", {"which": label, "path": info["measured_at"], "free_bytes": info["free_bytes"],
                               "free_inodes": info["free_inodes"], "floor_gb": floor_gb, "floor_inodes": floor_inodes})
+
+
+def told_record(run_dir, key):
+    """notified.json's record for KEY as a dict ({} when absent or damaged: then it is told again)."""
+    value = runrec.notified(run_dir).get(key)
+    return dict(value) if isinstance(value, dict) else {}
 
 
 def disk_state(was_low, free_bytes, free_inodes, floor_bytes, floor_inodes):
