@@ -851,34 +851,51 @@ def build_config(args, run_dir):
     return cfg, warnings
 
 
-def cmd_arm(args):
+def arm(args):
+    """Arm a detached dead-man for ARGS (deadman.py arm's options) -> (pid, config). The caller may be another
+    tool (launcher.py arms in its own process): the watcher is a double fork of the caller, no new interpreter."""
     run_dir = run_dir_arg(args)
     cfg, warnings = build_config(args, run_dir)
     lock_fd = take_lock(run_dir)
-    dm = Deadman(run_dir, cfg, foreground=args.foreground)
+    dm = Deadman(run_dir, cfg, foreground=False)
     retire_old_evidence(run_dir, dm.log)
     runrec.register(run_dir, cfg["registry"])
     for line in warnings:
         dm.log(line)
         sys.stderr.write(line + "\n")
-    if args.foreground:
-        signal.signal(signal.SIGUSR1, dm.on_wake)
-        dm.write_state()
-        if args.json:
-            core.emit_json({"pid": os.getpid(), "run_dir": run_dir, "state": "armed", "foreground": True,
-                            "config": cfg})
-        return dm.loop()
     try:
         pid = detach_and_run(dm, lock_fd)
     except RuntimeError as exc:
         raise core.CheckFailed("the detached dead-man failed to start: %s (see %s)" % (exc, dm.p("deadman.log")))
+    finally:
+        os.close(lock_fd)   # the watcher holds its own copy of the lock
+    return pid, cfg
+
+
+def cmd_arm(args):
+    if not args.foreground:
+        pid, cfg = arm(args)
+        if args.json:
+            core.emit_json({"pid": pid, "run_dir": os.path.abspath(args.run_dir), "state": "armed", "config": cfg})
+        else:
+            print(pid)
+            sys.stderr.write("dead-man armed (pid %d) on %s; stop: %s\n"
+                             % (pid, os.path.abspath(args.run_dir), cfg["stop_cmd"] or cfg["fallback_stop_cmd"] or "NONE"))
+        return 0
+    run_dir = run_dir_arg(args)
+    cfg, warnings = build_config(args, run_dir)
+    take_lock(run_dir)
+    dm = Deadman(run_dir, cfg, foreground=True)
+    retire_old_evidence(run_dir, dm.log)
+    runrec.register(run_dir, cfg["registry"])
+    for line in warnings:
+        dm.log(line)
+        sys.stderr.write(line + "\n")
+    signal.signal(signal.SIGUSR1, dm.on_wake)
+    dm.write_state()
     if args.json:
-        core.emit_json({"pid": pid, "run_dir": run_dir, "state": "armed", "config": cfg})
-    else:
-        print(pid)
-        sys.stderr.write("dead-man armed (pid %d) on %s; stop: %s\n"
-                         % (pid, run_dir, cfg["stop_cmd"] or cfg["fallback_stop_cmd"] or "NONE"))
-    return 0
+        core.emit_json({"pid": os.getpid(), "run_dir": run_dir, "state": "armed", "foreground": True, "config": cfg})
+    return dm.loop()
 
 
 def retire_old_evidence(run_dir, log):
@@ -958,6 +975,21 @@ def detach_and_run(dm, lock_fd):
         os._exit(rc)
 
 
+def write_ack(run_dir, doc):
+    """Write the ACK and wake a live dead-man so it takes effect now (a resume waits for the hand-over)."""
+    core.atomic_write_json(os.path.join(run_dir, "ACK"), doc)
+    live = live_deadman(run_dir)
+    if live:
+        try:
+            os.kill(live, signal.SIGUSR1)
+        except OSError:
+            pass
+
+
+def disarm(run_dir):
+    write_ack(run_dir, {"disarm": True, "at": stamp()})
+
+
 def cmd_ack(args):
     run_dir = run_dir_arg(args)
     if args.disarm:
@@ -972,13 +1004,7 @@ def cmd_ack(args):
         until = time.time() + minutes * 60
         doc = {"until": until, "at": stamp()}
         msg = "postponed until %s (%g min)" % (stamp(until), minutes)
-    core.atomic_write_json(os.path.join(run_dir, "ACK"), doc)
-    live = live_deadman(run_dir)
-    if live:  # wake it so the ACK takes effect now (a resume waits for the hand-over)
-        try:
-            os.kill(live, signal.SIGUSR1)
-        except OSError:
-            pass
+    write_ack(run_dir, doc)
     if args.json:
         core.emit_json(doc)
     else:

@@ -177,9 +177,10 @@ def unlink_quiet(path):
 class Sync(object):
     """One end-of-run sync into the results dir; .run() -> the status.json "sync" object."""
 
-    def __init__(self, run_dir, note=None, own_only=False):
+    def __init__(self, run_dir, note=None, own_only=False, env_record=None):
         self.run_dir = run_dir
         self.own_only = own_only
+        self.env_record = env_record   # the supervisor's run_env thread, when it is the one syncing
         self.left_out = []
         self.meta = core.read_json(run_path(run_dir, RUN))
         self.results = self.meta.get("results_dir") or run_path(run_dir, "results")
@@ -262,14 +263,12 @@ class Sync(object):
             self.errors.append("%s: %s" % (rel, reason))
 
     def wait_for_run_env(self, limit=RUN_ENV_WAIT_SECONDS):
-        """A job that ended within seconds may beat run_env.py (started at launch) to the finish: give it up
-        to LIMIT seconds, so env.json and code.patch are part of the sync. Never longer: it is a record."""
-        ident = read_status(self.run_dir).get("run_env_identity")
-        deadline = time.monotonic() + limit
-        if ident and core.identity_alive(ident):
-            self.note("waiting up to %d s for run_env.py (pid %s) to finish env.json" % (limit, ident.get("pid")))
-            while core.identity_alive(ident) and time.monotonic() < deadline:
-                time.sleep(0.1)
+        """A job that ended within seconds may beat the environment record (run_env, started with the job) to
+        the finish: give it up to LIMIT seconds, so env.json and code.patch are part of the sync. Never longer:
+        it is a record."""
+        if self.env_record is not None and self.env_record.is_alive():
+            self.note("waiting up to %d s for the environment record (env.json)" % limit)
+            self.env_record.join(limit)
 
     def run(self):
         outputs = list(self.meta.get("outputs") or [])
