@@ -313,6 +313,72 @@ def test_finding_field_R5_a_run_stopped_by_a_signal_is_interrupted_whatever_its_
     assert json.loads(res.stdout)["status"] == "interrupted", res.stdout
 
 
+# A trainer that keeps printing until its hold file goes: a neighbour that progresses.
+TICKER = ("import os, sys, time\nwhile os.path.exists(sys.argv[1]):\n    print('tick', flush=True)\n"
+          "    time.sleep(0.2)\n")
+
+
+def stalled_by_the_deadman(box, run_id, hold, *opts):
+    """Launch a trainer that saves, prints three steps, then hangs silently (until HOLD goes) and exits 0 on
+    SIGTERM, under a real dead-man (no dry run) with a 3 s stall limit; -> its final status."""
+    job = trainer(box, run_id, hold=str(hold), term_exit=0, ckpt="ckpt/%s.txt" % run_id)
+    res = box.launch(run_id, job, "--stall-minutes", "0.05", "--grace-minutes", "30",
+                     "--output", "ckpt/%s.txt" % run_id, *opts, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return box.wait_terminal(run_id, 120)
+
+
+def test_finding_field_R5_a_job_the_deadman_stopped_is_interrupted_even_when_it_exits_0(box, tmp_path):
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    status = stalled_by_the_deadman(box, "hung", hold)
+    fired = read(box.run_dir("hung") / "DEADMAN_FIRED.json")   # written first, before the job's signal
+    assert fired["reason"] == "stall" and not fired["dry_run"], fired
+    assert status["state"] == "interrupted" and status["exit_code"] == 0, status
+    assert "dead-man" in status["interrupted_by"] and "stall" in status["interrupted_by"], status
+    assert status["sync"]["ok"], status["sync"]       # what it saved before the stop is still synced
+    assert "clean exit" in (box.run_dir("hung") / "job.log").read_text()
+    assert wait_for(lambda: box.stop_calls_lines(), 120), "the meter stop never ran"
+
+
+def test_finding_field_R5_a_job_the_deadman_stopped_beside_a_busy_run_is_interrupted(box, tmp_path):
+    """The dead-man of a stalled run beside a watched, progressing one stops only its own job (finding R3): that
+    job, too, was cut short, whatever its exit code; the box is left on."""
+    busy_hold = tmp_path / "busy-hold"
+    busy_hold.write_text("")
+    (box.work / "ticker.py").write_text(TICKER)
+    launch(box, "busy", [sys.executable, "ticker.py", str(busy_hold)])
+    try:
+        assert wait_for(lambda: "tick" in (box.run_dir("busy") / "job.log").read_text(), 60)
+        hold = tmp_path / "hold"
+        hold.write_text("")
+        status = stalled_by_the_deadman(box, "hung", hold)
+        # the dead-man writes its record once the stopped job's sync is over, so after the final state
+        assert wait_for(lambda: read(box.run_dir("hung") / "STALL_STOPPED.json").get("job_term"), 60)
+        stopped = read(box.run_dir("hung") / "STALL_STOPPED.json")
+        assert stopped["box_stop"] is False and stopped["job_term"]["signal"] == "SIGTERM", stopped
+        assert status["state"] == "interrupted" and status["exit_code"] == 0, status
+        assert "dead-man" in status["interrupted_by"] and "stall" in status["interrupted_by"], status
+        assert box.status("busy")["state"] == "running" and box.stop_calls_lines() == []
+    finally:
+        busy_hold.unlink()
+    assert box.wait_terminal("busy", 60)["state"] == "succeeded"
+
+
+def test_finding_field_R5_a_dry_run_dead_man_that_fired_never_marks_a_run_interrupted(box, tmp_path):
+    """A dry-run dead-man records what it would do and signals nothing: the job it 'would have stopped' goes on
+    and finishes by itself, so the run succeeded (found while fixing the dead-man -> interrupted rule)."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    launch(box, "dry", trainer(box, "dry", hold=str(hold), ckpt="ckpt/dry.txt"), "--stall-minutes", "0.05",
+           "--output", "ckpt/dry.txt")
+    assert wait_for(lambda: read(box.run_dir("dry") / "DEADMAN_FIRED.json").get("job_term"), 120)
+    assert read(box.run_dir("dry") / "DEADMAN_FIRED.json")["job_term"]["dry_run"] is True
+    hold.unlink()
+    status = box.wait_terminal("dry", 120)
+    assert status["state"] == "succeeded" and not status.get("interrupted_by"), status
+
+
 # ---------------------------------------------------------------- R13: the sweep's text line shows the real state
 
 def test_finding_field_R13_the_sweep_text_shows_a_crashed_runs_state(box):
