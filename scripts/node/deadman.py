@@ -31,7 +31,8 @@ a broken watcher cannot fail open). A reserve file made at arm time is given up 
 full, and records are best effort: the stop runs anyway.
 
 Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
-signal (run.json stop_signal, default SIGTERM) on its process group and up to --term-grace-seconds
+signal (run.json stop_signal, default SIGTERM; status.json job_stop says so first, so the supervisor records
+the run as interrupted whatever the job's exit code) on its process group and up to --term-grace-seconds
 to checkpoint, and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
 stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a
 confirmation (the provider's state where an adapter exists; for a stop meant to end the machine,
