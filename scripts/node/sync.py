@@ -12,10 +12,11 @@ changes during its copy, a zero-byte file (unless an allow-empty glob of the lau
 replaces the previous durable copy: the old one stays and status.json sync.kept_previous says so. A later
 attempt that did not continue the earlier one never replaces its verified results: they are kept whole under
 DURABLE/generations/RID/<attempt>/ (sync.kept_generation). It did not continue it when it had no resume adapter,
-found no checkpoint, or resumed at a step below the one the results stand at: each sync records that step
-(sync.step, generation.json: this attempt's heartbeat.json, else its last --progress-regex line in job.log),
-and the attempt's first step (its supervisor's first look at heartbeat.json, else its first --progress-regex
-line) is compared with it; unknown steps count a resume as continuing (sync.continuity says which). Then PULL_MANIFEST.json is built over the results
+found no checkpoint, or resumed at a step below the one the results stand at. Each sync records that step
+(sync.step, generation.json: this attempt's heartbeat.json, else its last job.log line the launch's progress
+regex matches); the attempt's first step (its supervisor's first look at heartbeat.json, else its first
+progress regex line) is compared with it; unknown steps count a resume as continuing (sync.continuity says
+which). Then PULL_MANIFEST.json is built over the results
 dir (evidence.build_manifest; roster = the outputs + the record + logs/**), which re-reads every copy. A full
 disk ends in sync_failed with the error recorded (a small reserve file in the run dir is given up so the final
 status can still be written).
