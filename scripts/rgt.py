@@ -761,7 +761,7 @@ def cmd_resume(args, ssh):
                                                                  " ".join(result.get("resume_args") or [])))
         elif result.get("resume_from"):
             print("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
-        if result.get("warning"):
+        if result.get("warning") and result.get("ok"):   # a refusal says why in its one line, not what would run
             print("WARN %s" % result["warning"])
         lost = result.get("would_supersede")
         if lost and result.get("ok"):

@@ -31,7 +31,8 @@ a broken watcher cannot fail open). A reserve file made at arm time is given up 
 full, and records are best effort: the stop runs anyway.
 
 Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
-signal (run.json stop_signal, default SIGTERM) on its process group and up to --term-grace-seconds
+signal (run.json stop_signal, default SIGTERM; status.json job_stop says so first, so the supervisor records
+the run as interrupted whatever the job's exit code) on its process group and up to --term-grace-seconds
 to checkpoint, and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
 stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a
 confirmation (the provider's state where an adapter exists; for a stop meant to end the machine,
@@ -631,8 +632,10 @@ class Deadman(Watcher):
             time.sleep(min(0.2, self.cfg["poll_seconds"]))
         return time.monotonic() - start
 
-    def term_job(self, job_pid):
-        """The run's stop signal to the job's process group, then time to save and to sync."""
+    def term_job(self, job_pid, reason=None):
+        """The run's stop signal to the job's process group, then time to save and to sync. Before the signal,
+        status.json job_stop says who stops the job and why (REASON), so the supervisor records the run as
+        interrupted whatever the job's exit code: this record is only complete once the sync is over."""
         cfg = self.cfg
         pid = int(job_pid)
         sig = stop_signal_of(self.run_dir)
@@ -650,6 +653,8 @@ class Deadman(Watcher):
             rec["skipped"] = "pid %d is no longer the recorded job (exited, or reused by another process)" % pid
             return rec
         rec["sent_at"] = stamp()
+        runrec.set_status(self.run_dir, job_stop={"by": "the dead-man", "reason": reason, "signal": sig.name,
+                                                  "job_pid": pid, "at": rec["sent_at"]})
         try:
             if group:
                 os.killpg(pid, sig)
@@ -657,6 +662,7 @@ class Deadman(Watcher):
                 os.kill(pid, sig)
         except OSError as exc:
             rec["error"] = str(exc)
+            runrec.set_status(self.run_dir, job_stop=None)   # nothing was stopped
         rec["waited_seconds"] = round(self.wait_until(lambda: not core.pid_alive(pid), cfg["term_grace_seconds"]), 2)
         rec["job_exited"] = not core.pid_alive(pid)
 
@@ -673,7 +679,7 @@ class Deadman(Watcher):
 
     def before_stop(self, job_pid, job_alive):
         if job_alive and job_pid:
-            self.fired["job_term"] = self.term_job(job_pid)
+            self.fired["job_term"] = self.term_job(job_pid, self.fired.get("reason"))
 
     def stop_own_job(self, detail, job_pid, job_alive):
         """Finding R3: a stalled run on a box where another watched run trains loses its job, not the box."""
@@ -681,7 +687,7 @@ class Deadman(Watcher):
         self.log("STALL: %s: stopping this run's job only; the box stays on" % detail)
         rec = {"reason": "stall", "detail": detail, "at": stamp(), "box_stop": False}
         try:
-            rec["job_term"] = self.term_job(job_pid)
+            rec["job_term"] = self.term_job(job_pid, "stall")
         except Exception as exc:  # noqa: BLE001
             rec["error"] = str(exc)
         self.write_state({"stalled_job_stopped": rec})

@@ -949,10 +949,17 @@ def run_activity(run_dir):
     elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
         out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
     # which generation the results dir holds (the attempt whose verified sync wrote it), and the earlier ones kept
-    gen = read_json(os.path.join(run_dir, "generation.json")).get("attempt")
+    record = read_json(os.path.join(run_dir, "generation.json"))
+    gen = record.get("attempt")
     sync = status.get("sync") if isinstance(status.get("sync"), dict) else {}
     kept = [g for g in sync.get("generations") or [] if isinstance(g, str)]
-    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept}
+    # why each was kept (the attempt after it did not continue it): generation.json's list, and this attempt's
+    why = dict(record["kept"]) if isinstance(record.get("kept"), dict) else {}
+    last = sync.get("kept_generation")
+    if isinstance(last, dict) and isinstance(last.get("dir"), str):
+        why[last["dir"]] = last.get("why")
+    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept,
+                         "why": {d: str(why[d]) for d in kept if why.get(d)}}
     return out
 
 

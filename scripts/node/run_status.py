@@ -262,8 +262,12 @@ def sync_words(r):
     if not good:
         return "outputs NOT verified" + (": %s" % str(sync["error"])[:120] if sync.get("error") else "")
     kept = sync.get("kept_generation") if isinstance(sync.get("kept_generation"), dict) else None
-    gen = ("; generation %s replaced attempt %s's results, kept in %s" % (sync.get("generation"), kept.get("attempt"),
-                                                                         kept.get("dir")) if kept else "")
+    gen = ("; generation %s replaced attempt %s's results, kept in %s (%s)" % (
+        sync.get("generation"), kept.get("attempt"), kept.get("dir"), kept.get("why")) if kept else "")
+    unsure = sync.get("continuity") if isinstance(sync.get("continuity"), dict) else {}
+    if not kept and unsure.get("why") and unsure.get("continued") is None:
+        gen += "; replaced attempt %s's results as a resume from a step not known (no heartbeat step or " \
+               "--progress-regex line to compare)" % unsure.get("durable_attempt")
     if r.get("outputs_declared") is False:
         return "no outputs declared; logs synced and verified" + (" (%s)" % amount if amount else "") + gen
     return "outputs verified" + (" (%s)" % amount if amount else "") + gen
@@ -392,6 +396,13 @@ def attempt_first_step(log_path, pattern, limit=64 << 20, chunk=1 << 20):
     """The first step the --progress-regex finds in THIS attempt's part of job.log (after the supervisor's
     last "starting:" note), else None. job.log is appended across attempts, so the attempt's first progress
     line is where a resumed job started counting. Reads at most LIMIT bytes back and LIMIT forward."""
+    return attempt_steps(log_path, pattern, limit, chunk, last=False)[0]
+
+
+def attempt_steps(log_path, pattern, limit=64 << 20, chunk=1 << 20, last=True):
+    """(first, last): the first and the last step the --progress-regex finds in THIS attempt's part of job.log
+    (see attempt_first_step), each None when unknown; with LAST False the scan stops at the first one."""
+    first = final = None
     try:
         rx = re.compile(pattern)
         size = os.path.getsize(log_path)
@@ -408,21 +419,24 @@ def attempt_first_step(log_path, pattern, limit=64 << 20, chunk=1 << 20):
                     start = pos + marks[-1].end() - len(lead)
                 carry = block[:64]
             if start is None:
-                return None
+                return None, None
             handle.seek(start)
             handle.readline()   # the rest of the "starting:" note
             read = 0
             for raw in handle:
                 read += len(raw)
                 if read > limit:
-                    return None
+                    return first, None   # the attempt's part goes on past LIMIT: its last step is not read
                 for line in raw.decode("utf-8", "replace").replace("\r", "\n").splitlines():
                     found = progress_of(rx, line)
                     if found is not None and found[0] is not None:
-                        return found[0]
+                        first = found[0] if first is None else first
+                        final = found[0]
+                        if not last:
+                            return first, None
     except (OSError, re.error):
-        return None
-    return None
+        return first, None
+    return first, final
 
 
 def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=None):
@@ -506,7 +520,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     if isinstance(sync, dict):
         r["sync"] = {k: sync.get(k) for k in ("ok", "verified", "error", "results_dir", "manifest", "file_count",
                                               "total_bytes", "kept_previous", "finished_at", "generation",
-                                              "kept_generation", "left_out")}
+                                              "kept_generation", "left_out", "step", "continuity")}
 
     # -- decide
     quiet_for = activity_age if activity_age is not None else (
