@@ -25,7 +25,7 @@ SWEEP = str(NODE / "final_sweep.py")
 # mode (a file whose text, read at start, overrides "code" and "out_text": how each attempt behaves),
 # term_exit (its exit code on SIGTERM: a clean stop path), hb (it writes {"step"} to $RGT_HEARTBEAT at its start
 # and after each step), pause (after that first heartbeat it waits while this file exists). It resumes only
-# when given "--resume PATH".
+# when given "--resume PATH"; ckpt_every (it saves every Nth step only), ignore_resume (it starts at 0 anyway).
 TRAINER = r"""
 import json, os, signal, sys, time
 cfg = json.loads(sys.argv[1])
@@ -35,7 +35,7 @@ if cfg.get("term_exit") is not None:
 mode = json.load(open(cfg["mode"])) if cfg.get("mode") else {}
 cfg.update(mode)
 start = 0
-if "--resume" in sys.argv:
+if "--resume" in sys.argv and not cfg.get("ignore_resume"):
     start = int(open(sys.argv[sys.argv.index("--resume") + 1]).read().split()[1])
 print("trainer %s: start at step %d" % (cfg["name"], start), flush=True)
 def beat(step):
@@ -47,7 +47,7 @@ beat(start)
 while cfg.get("pause") and os.path.exists(cfg["pause"]):
     time.sleep(0.05)
 for step in range(start, cfg.get("steps", 3)):
-    if cfg.get("ckpt"):
+    if cfg.get("ckpt") and (step + 1) % cfg.get("ckpt_every", 1) == 0:
         os.makedirs(os.path.dirname(cfg["ckpt"]), exist_ok=True)
         with open(cfg["ckpt"] + ".tmp", "w") as fh:
             fh.write("step %d\n" % (step + 1))
@@ -134,9 +134,9 @@ def test_finding_field_R1_a_new_run_never_resumes_another_runs_checkpoint(box):
     assert status["attempt"] == 2 and status["resume"]["from"] == "ckpt/second.txt", status["resume"]
     assert "resume:   from ckpt/second.txt (written by: this run's attempt 1)" in res.stdout, res.stdout
     assert "start at step 3" in (box.run_dir("second") / "job.log").read_text()
-    # no heartbeat, no --progress-regex: whether it continued attempt 1's step is unknown; it counts as a resume
+    # it resumed from the newest checkpoint this run wrote: it continues the run (no step needed to tell)
     continuity = status["sync"]["continuity"]
-    assert continuity["continued"] is None and "is unknown" in continuity["why"], continuity
+    assert continuity["continued"] is True and "this run's newest checkpoint" in continuity["why"], continuity
     assert status["sync"]["kept_generation"] is None
     # an explicit path is the way to start from someone else's checkpoint
     res = launch(box, "third", trainer(box, "third", steps=9), "--resume-from", "ckpt/first.txt",
@@ -253,6 +253,33 @@ def test_finding_field_R2_a_resume_from_an_older_checkpoint_keeps_the_verified_g
     assert sync["kept_generation"] is None and sync["continuity"]["continued"] is True, sync
     assert sync["continuity"]["resumed_step"] == 11 and sync["step"]["step"] == 15, sync
     assert sorted(os.listdir(box.durable / "generations" / "old")) == ["1"]
+
+
+def test_finding_field_R2_a_crash_resume_from_the_newest_checkpoint_continues_and_keeps_no_generation(box):
+    """Attempt 1 saves every 4th step, logs step 10 and crashes: its durable copy stands at step 10, its newest
+    checkpoint at 8. Attempt 2 resumes from that newest checkpoint (first step 9, below 10) and continues the run:
+    no generation is kept (each crash would otherwise pin a copy of every output on the durable disk). Attempt 3
+    is given the same newest checkpoint but ignores it and starts over: that one keeps attempt 2's results."""
+    adapt = ["--output", "out/*", "--progress-regex", r"^step (?P<step>\d+)$", "--resume-glob", "ckpt/last.txt",
+             "--resume-arg", "--resume {}"]
+    launch(box, "crash", trainer(box, "crash", ckpt="ckpt/last.txt", ckpt_every=4, out="out/model.bin", steps=10,
+                                 code=1), *adapt, "--wait", ok=False)
+    assert box.status("crash")["sync"]["step"]["step"] == 10
+    relaunch(box, "crash", trainer(box, "crash", ckpt="ckpt/last.txt", ckpt_every=4, out="out/model.bin",
+                                   steps=12), *adapt, "--wait")
+    status = box.status("crash")
+    sync = status["sync"]
+    assert status["resume"]["from"] == "ckpt/last.txt" and status["resume"]["newest_own"] is True, status["resume"]
+    assert sync["continuity"]["continued"] is True and sync["continuity"]["resumed_step"] == 9, sync["continuity"]
+    assert sync["kept_generation"] is None and not (box.durable / "generations" / "crash").exists(), sync
+    assert (box.durable / "results" / "crash" / "out" / "model.bin").read_text() == "crash trained from step 8\n"
+
+    relaunch(box, "crash", trainer(box, "crash", ckpt="ckpt/last.txt", out="out/model.bin", steps=12,
+                                   ignore_resume=True), *adapt, "--wait")
+    sync = box.status("crash")["sync"]
+    assert sync["continuity"]["continued"] is False and sync["kept_generation"]["attempt"] == 2, sync
+    kept = box.durable / "generations" / "crash" / "2"
+    assert (kept / "out" / "model.bin").read_text() == "crash trained from step 8\n" and verify(kept) == []
 
 
 def test_finding_field_R2_the_heartbeat_tells_the_step_an_attempt_resumed_at(box, tmp_path):

@@ -12,7 +12,9 @@ changes during its copy, a zero-byte file (unless an allow-empty glob of the lau
 replaces the previous durable copy: the old one stays and status.json sync.kept_previous says so. A later
 attempt that did not continue the earlier one never replaces its verified results: they are kept whole under
 DURABLE/generations/RID/<attempt>/ (sync.kept_generation). It did not continue it when it had no resume adapter,
-found no checkpoint, or resumed at a step below the one the results stand at. Each sync records that step
+found no checkpoint, or resumed at a step below the one the results stand at from a checkpoint that is not this
+run's newest (a resume from the newest one continues the run, unless the trainer started at step 0 or 1:
+then it ignored its resume argument). Each sync records that step
 (sync.step, generation.json: this attempt's heartbeat.json, else its last job.log line the launch's progress
 regex matches); the attempt's first step (its supervisor's first look at heartbeat.json, else its first
 progress regex line) is compared with it; unknown steps count a resume as continuing (sync.continuity says
@@ -433,8 +435,9 @@ class Sync(object):
     def not_continued(self, doc, attempt, before, last):
         """Why attempt ATTEMPT did not continue attempt BEFORE, whose verified results (generation.json LAST)
         the results dir holds, or None when it did or when that cannot be told; doc["continuity"] says which.
-        It did not: it had no resume adapter, found no checkpoint, or resumed at a step below the one the
-        durable copy stands at (an old checkpoint, or a trainer that ignored its resume argument)."""
+        It did not: it had no resume adapter, found no checkpoint, resumed from a checkpoint other than this
+        run's newest (an old one, or one given with --resume-from) at a step below the one the durable copy
+        stands at, or started at step 0 or 1 whatever it was given (a trainer that ignored its resume argument)."""
         resume = read_status(self.run_dir).get("resume")
         durable = run_status.num(last.get("step"))
         first = self.first_step
@@ -446,6 +449,14 @@ class Sync(object):
                         % (attempt, "had no resume adapter" if resume is None else
                            "found no checkpoint to resume from", before))
             return info["why"]
+        own = resume.get("newest_own") or resume.get("restored_from")
+        if own and not (first is not None and durable is not None and first["step"] <= 1 < durable):
+            # A trainer logs steps past its last save: after a crash its first step is below the durable copy's
+            # last one, yet it continues from this run's newest checkpoint. Only a start at step 0 or 1 says it
+            # ignored its resume argument.
+            info.update(continued=True, why="attempt %d resumed from %s, this run's newest checkpoint%s" % (
+                attempt, resume["from"], "" if first is None else " (first step %s)" % first["step"]))
+            return None
         if durable is None or first is None:
             unknown = [text for text, missing in (
                 ("attempt %d recorded no step with its results" % before, durable is None),
