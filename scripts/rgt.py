@@ -115,8 +115,14 @@ HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._+-]*@)?(?:[A-Za-z0-9_][A-Za-z
 
 # ---------------------------------------------------------------- quoting and ssh
 
+class Raw(str):
+    """A word remote_word passes through as it is: a shell expansion this module built itself."""
+
+
 def remote_word(word):
     """Quote one word for the node's POSIX shell; a leading ~/ stays expandable."""
+    if isinstance(word, Raw):
+        return str(word)
     word = str(word)
     if word == "~":
         return '"$HOME"'
@@ -134,6 +140,7 @@ def remote_command(*argvs, cwd=None):
     return " && ".join(parts)
 
 
+ONE_CALL = ("status", "logs", "ack", "launch")   # commands that make exactly one ssh call
 MUX_PERSIST_S = 60      # an idle master outlives a crashed rgt.py by at most this long
 SOCKET_PATH_MAX = 100   # sockaddr_un holds 104-108 bytes; ssh first binds PATH plus 17 characters
 
@@ -145,7 +152,7 @@ class Ssh(object):
     (`ssh -O exit`) and removes the folder. The tools rgt.py starts (pull, gate) get the same options in
     `rsh`, so their rsync and tar streams ride the same connection. -F, -p and -i pass through unchanged."""
 
-    def __init__(self, host, port=None, identity=None, config=None):
+    def __init__(self, host, port=None, identity=None, config=None, mux=True):
         if not HOST_RE.match(host or ""):  # an alias, user@host, host:port-free name or [v6]; never an option
             raise core.UsageError("HOST %r is not an ssh alias or user@host" % host)
         self.host = host
@@ -159,7 +166,8 @@ class Ssh(object):
         # a dropped link or a frozen node is noticed in about a minute instead of never (pull, gate, status)
         self.base += ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
         self.control_dir = self.control_path = None
-        self._open_mux()
+        if mux:
+            self._open_mux()
 
     def _open_mux(self):
         """Add the multiplexing options, or leave them out (RGT_SSH_MUX=0, no unix sockets, a parent folder
@@ -522,7 +530,7 @@ def cmd_push(args, ssh):
         res = ssh.run(core.tar_unpack_shell(shlex.quote, remote_word(node)), stdin=tar_stream(files), timeout=600)
     if res.returncode != 0:
         raise core.CheckFailed("push over %s failed: %s" % (transport, text(res.stderr).strip()[-300:]))
-    check = checked(ssh.run(remote_command(["python3", node + "/rgt_core.py", "--version"]), timeout=120), "push")
+    check = checked(ssh.run(remote_command(["python3", node + "/rgt_core.py", "--version", "--record-interpreter"]), timeout=120), "push")
     version = text(check.stdout).strip()
     want = core.toolkit_version(NODE_SRC)
     if check.returncode != 0 or version != want:
@@ -549,6 +557,16 @@ def node_tool(args, name):
     return args.node_dir + "/" + name
 
 
+def node_python(args):
+    """The node's interpreter as one shell word: the real one `push` recorded (a pyenv or conda shim costs
+    0.2-0.3 s a call, most of a status round trip), else python3 when that record is missing or stale. The
+    tools that import nothing beyond the toolkit run with -S (no site-packages scan: 20-30 ms where a .pth
+    file imports something)."""
+    record_path = remote_word(node_tool(args, core.INTERPRETER_FILE))
+    return Raw('"$( { read -r p < %s && [ -x "$p" ] && printf %%s "$p"; } 2>/dev/null || printf python3)"'
+               % record_path)
+
+
 def node_json(args, ssh, argv, what, timeout):
     """Run a node tool that prints one JSON object -> (result, the object); its stderr shown when it gave none."""
     res = checked(ssh.run(remote_command(argv), timeout=timeout), what)
@@ -558,8 +576,8 @@ def node_json(args, ssh, argv, what, timeout):
         doc = None
     if not isinstance(doc, dict):
         sys.stderr.write(text(res.stderr))
-        raise core.CheckFailed("%s on %s gave no JSON (exit %d)" % (os.path.basename(argv[1]), args.host,
-                                                                     res.returncode))
+        tool = next(w for w in argv[1:] if not w.startswith("-"))   # past the interpreter's own flags
+        raise core.CheckFailed("%s on %s gave no JSON (exit %d)" % (os.path.basename(tool), args.host, res.returncode))
     return res, doc
 
 
@@ -576,7 +594,7 @@ def again(args, *words):
 
 
 def cmd_probe(args, ssh):
-    argv = ["python3", node_tool(args, "node_probe.py")]
+    argv = [node_python(args), node_tool(args, "node_probe.py")]
     if args.profile:
         argv += ["--profile", args.profile]
     if args.durable_dir and "--durable-dir" not in args.rest:
@@ -603,7 +621,8 @@ def cmd_launch(args, ssh):
     if not job:
         raise core.UsageError("no job command: rgt.py launch HOST --profile P --run-id RID -- CMD [ARGS...]")
     options, budget = launch_budget(args, options)
-    argv = ["bash", node_tool(args, "run_one.sh"), "--profile", profile, "--run-id", rid, "--run-dir", run_dir]
+    argv = [Raw("RGT_PYTHON=" + node_python(args)), "bash", node_tool(args, "run_one.sh"), "--profile", profile,
+            "--run-id", rid, "--run-dir", run_dir]
     if args.durable_dir:
         argv += ["--durable-dir", args.durable_dir]
     argv += options + ["--"] + job
@@ -662,7 +681,7 @@ def cost_line(rate, hours):
 def cmd_status(args, ssh):
     rid = check_run_id(args.run_id)
     run_dir, _results, _profile = run_paths(args, rid)
-    argv = ["python3", node_tool(args, "run_status.py"), run_dir, "--json"]
+    argv = [node_python(args), "-S", node_tool(args, "run_status.py"), run_dir, "--json"]
     if args.rate_per_hour is not None:
         argv += ["--rate-per-hour", str(args.rate_per_hour)]
     res, status = node_json(args, ssh, argv, "status", 120)
@@ -699,7 +718,7 @@ def cmd_logs(args, ssh):
 def cmd_ack(args, ssh):
     rid = check_run_id(args.run_id)
     run_dir, _r, _p = run_paths(args, rid)
-    argv = ["python3", node_tool(args, "deadman.py"), "ack", "--run-dir", run_dir]
+    argv = [node_python(args), "-S", node_tool(args, "deadman.py"), "ack", "--run-dir", run_dir]
     argv += ["--disarm"] if args.disarm else ["--postpone-minutes", str(args.postpone_minutes)]
     res = checked(ssh.run(remote_command(argv), timeout=120), "ack")
     record(args, event="ack", run_id=rid,
@@ -712,7 +731,7 @@ def cmd_ack(args, ssh):
 def cmd_resume(args, ssh):
     rid = check_run_id(args.run_id)
     run_dir, _r, profile = run_paths(args, rid)
-    argv = ["python3", node_tool(args, "boot_resume.py"), "--run", run_dir, "--json"]
+    argv = [node_python(args), node_tool(args, "boot_resume.py"), "--run", run_dir, "--json"]
     if args.max_attempts is not None:
         argv += ["--max-attempts", str(args.max_attempts)]
     if args.give_up_hours is not None:
@@ -742,7 +761,7 @@ def cmd_resume(args, ssh):
                                                                  " ".join(result.get("resume_args") or [])))
         elif result.get("resume_from"):
             print("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
-        if result.get("warning"):
+        if result.get("warning") and result.get("ok"):   # a refusal says why in its one line, not what would run
             print("WARN %s" % result["warning"])
         lost = result.get("would_supersede")
         if lost and result.get("ok"):
@@ -805,7 +824,7 @@ def cmd_patrol(args, ssh):
     parts = []
     for rid in rids:
         run_dir, _r, _p = run_paths(args, rid)
-        argv = ["python3", node_tool(args, "run_status.py"), run_dir, "--json"]
+        argv = [node_python(args), "-S", node_tool(args, "run_status.py"), run_dir, "--json"]
         if args.rate_per_hour is not None:
             argv += ["--rate-per-hour", str(args.rate_per_hour)]
         parts.append(remote_command(argv) + "; printf '\n%s%%s@@\n' \"$?\"" % PATROL_MARK)
@@ -880,7 +899,7 @@ def cmd_sweep(args, ssh):
         roots = sorted({r["run_dir"].rsplit("/", 1)[0] for r in box_runs(args).values() if r.get("run_dir")})
     if not roots:
         raise core.UsageError("no run of %s in the ledger %s: pass --durable-dir" % (args.host, ledger_path(args.ledger)))
-    argv = ["python3", node_tool(args, "final_sweep.py")]
+    argv = [node_python(args), node_tool(args, "final_sweep.py")]
     for root in roots:
         argv += ["--runs-dir", root]
     argv += (["--check-only"] if args.check_only else []) + (["--json"] if args.json else [])
@@ -1096,7 +1115,8 @@ def main(argv=None):
         return cmd_ledger(args)
     if args.command == "billing":
         return cmd_billing(args)
-    ssh = Ssh(args.host, args.port, args.identity, args.ssh_config)
+    # a command that makes one call connects once anyway: a master would only add its start and its exit
+    ssh = Ssh(args.host, args.port, args.identity, args.ssh_config, mux=args.command not in ONE_CALL)
     try:
         return globals()["cmd_" + args.command](args, ssh)
     except Unreachable as exc:

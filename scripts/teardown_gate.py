@@ -107,8 +107,10 @@ def generation_line(activity) -> str:
     which = ("generation %s (the results of attempt %s)" % (gen["attempt"], gen["attempt"])
              if gen.get("attempt") else "the current results (no generation recorded: a run from an older toolkit)")
     kept = gen.get("kept") or []
+    why = gen.get("why") if isinstance(gen.get("why"), dict) else {}
+    named = ["%s (kept because %s)" % (d, why[d]) if why.get(d) else d for d in kept]
     return "verified %s%s" % (which, "; earlier generations kept on the node, NOT verified by this gate: "
-                              + ", ".join(kept) if kept else "")
+                              + ", ".join(named) if kept else "")
 
 
 def gate_profile(name: str):

@@ -415,6 +415,12 @@ def bare_node_sshd(request, _ssh_host_lock):
 # ----------------------------------------------------------------------------- suite rules (hooks)
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `long` (minutes of real waiting) go first: xdist hands the first items out one per worker,
+    so they overlap the rest of the suite instead of ending it."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto`: two workers per core (most tests wait on real processes, not the CPU), at least 2, at most 8."""
     return max(2, min(8, 2 * (os.cpu_count() or 1)))

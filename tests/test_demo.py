@@ -1,10 +1,11 @@
 """The README's main command: the whole lifecycle on this machine, end to end."""
 import json
+import os
 import subprocess
 import sys
 import time
 
-import os
+import pytest
 
 from conftest import NODE, SCRIPTS, TOOLS, path_without
 
@@ -17,6 +18,7 @@ def live_deadmen(workdir):
     return [l for l in out.splitlines() if "deadman.py" in l and str(workdir) in l]
 
 
+@pytest.mark.long
 def test_demo_runs_every_phase_and_cleans_up(tmp_path):
     work = tmp_path / "demo"
     res = subprocess.run([sys.executable, str(SCRIPTS / "demo_lifecycle.py"), "--json", "--keep", "--workdir", str(work)],
@@ -40,6 +42,7 @@ def test_demo_refuses_a_non_empty_workdir(tmp_path):
     assert res.returncode == 2 and "not empty" in res.stderr and (tmp_path / "something").exists()
 
 
+@pytest.mark.long
 def test_demo_runs_on_a_bare_machine_without_rsync_or_tmux(tmp_path):
     """The README's promise: Python and bash are enough; the pull falls back to a tar stream, the
     launcher to setsid."""

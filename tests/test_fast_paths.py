@@ -304,3 +304,32 @@ def test_fast_tar_interrupted_pull_resumes_per_file(tmp_path):
     transfer = json.loads(again.stdout)["transfer"]
     assert transfer["files_reused"] == 1 and transfer["files_transferred"] == len(names) - 1
     assert (tmp_path / "dest" / RUN / "PULL_VERIFIED.json").is_file()
+
+
+# ---------------------------------------------------------------- a launch in three interpreter starts
+
+def test_finding_review_R3_a_launch_costs_three_interpreter_starts(tmp_path):
+    """run_one.sh starts Python three times on the launch path: launcher.py prepare (the gates, the run dir),
+    launcher.py start (the record, the dead-man as a fork of it, the supervisor, the report) and the supervisor.
+    The environment record is a thread of the supervisor, and an immediate exit is reported with its own code
+    and a verified sync. Each toolkit process says it started through RGT_TRACE_STARTS (rgt_core at import)."""
+    trace = tmp_path / "starts.txt"
+    work = tmp_path / "work"
+    work.mkdir()
+    env = dict(os.environ, RGT_TRACE_STARTS=str(trace))
+    env.pop("RGT_PYTHON", None)
+    res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--durable-dir", str(tmp_path / "durable"),
+                          "--deadman-dry-run", "--wait", "--json", "--", "sh", "-c", "exit 7"],
+                         cwd=str(work), env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 7, res.stderr[-600:]
+    report = json.loads(res.stdout)
+    final = report["final"]
+    assert (final["state"], final["exit_code"], final["sync"]["ok"], final["sync"]["verified"]) == \
+        ("failed", 7, True, True)
+    assert report["deadman"]["state"] == "armed" and report["deadman"]["pid"]
+    results = Path(final["sync"]["results_dir"])
+    assert (results / "env.json").is_file(), "the environment record reached the results"
+    starts = [line.split("\t") for line in trace.read_text().splitlines()]
+    tools = [(os.path.basename(argv[1]), argv[2] if len(argv) > 2 else "") for argv in starts]
+    assert [t for t, _ in tools] == ["launcher.py", "launcher.py", "supervise.py"], tools
+    assert [op for t, op in tools if t == "launcher.py"] == ["prepare", "start"]

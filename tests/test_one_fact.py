@@ -74,14 +74,16 @@ def test_every_tool_reads_the_one_floor(tmp_path):
     printed = subprocess.run([sys.executable, str(NODE / "rgt_core.py"), "--default", "disk_floor_gb"],
                              capture_output=True, text=True, timeout=60)
     assert printed.returncode == 0 and float(printed.stdout) == floor
-    # the Python tools' parsers: node_probe disk-gate, launcher disk (run_one.sh's gate), rgt.py patrol
+    # the Python tools' parsers: node_probe disk-gate, launcher prepare (run_one.sh's gate), rgt.py patrol
     got = json.loads(python_out(
         "import json, sys; sys.path[:0] = [%r, %r]\n"
         "import node_probe, launcher, rgt\n"
         "gate = node_probe.build_gate_parser().parse_args(['/tmp'])\n"
-        "sv = launcher.build_parser().parse_args(['disk', '/tmp'])\n"
+        "import os; os.environ.pop('DISK_FLOOR_INODES', None)\n"
+        "prep = launcher.build_parser().parse_args(['prepare', '--launcher-pid', '1'])\n"
+        "floor_gb, floor_inodes = launcher.disk_floors(prep, {})\n"
         "pa = rgt.build_parser().parse_args(['patrol', 'host'])\n"
-        "print(json.dumps([gate.min_free_gb, gate.min_free_inodes, sv.floor_gb, sv.floor_inodes, pa.min_free_gb]))"
+        "print(json.dumps([gate.min_free_gb, gate.min_free_inodes, floor_gb, floor_inodes, pa.min_free_gb]))"
         % (str(NODE), str(SCRIPTS))))
     assert got == [floor, core.DEFAULT_MIN_FREE_INODES, floor, core.DEFAULT_MIN_FREE_INODES, floor]
     # run_queue.sh without a floor reads the same number

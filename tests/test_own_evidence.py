@@ -23,7 +23,9 @@ SWEEP = str(NODE / "final_sweep.py")
 # A trainer we did not write, stdlib only. cfg (JSON, argv[1]): ckpt (a checkpoint it writes each step),
 # out (a model file it writes at the end), steps, code (its exit code), hold (it waits while this file exists),
 # mode (a file whose text, read at start, overrides "code" and "out_text": how each attempt behaves),
-# term_exit (its exit code on SIGTERM: a clean stop path). It resumes only when given "--resume PATH".
+# term_exit (its exit code on SIGTERM: a clean stop path), hb (it writes {"step"} to $RGT_HEARTBEAT at its start
+# and after each step), pause (after that first heartbeat it waits while this file exists). It resumes only
+# when given "--resume PATH"; ckpt_every (it saves every Nth step only), ignore_resume (it starts at 0 anyway).
 TRAINER = r"""
 import json, os, signal, sys, time
 cfg = json.loads(sys.argv[1])
@@ -33,16 +35,25 @@ if cfg.get("term_exit") is not None:
 mode = json.load(open(cfg["mode"])) if cfg.get("mode") else {}
 cfg.update(mode)
 start = 0
-if "--resume" in sys.argv:
+if "--resume" in sys.argv and not cfg.get("ignore_resume"):
     start = int(open(sys.argv[sys.argv.index("--resume") + 1]).read().split()[1])
 print("trainer %s: start at step %d" % (cfg["name"], start), flush=True)
+def beat(step):
+    if cfg.get("hb"):
+        with open(os.environ["RGT_HEARTBEAT"] + ".tmp", "w") as fh:
+            json.dump({"step": step}, fh)
+        os.replace(os.environ["RGT_HEARTBEAT"] + ".tmp", os.environ["RGT_HEARTBEAT"])
+beat(start)
+while cfg.get("pause") and os.path.exists(cfg["pause"]):
+    time.sleep(0.05)
 for step in range(start, cfg.get("steps", 3)):
-    if cfg.get("ckpt"):
+    if cfg.get("ckpt") and (step + 1) % cfg.get("ckpt_every", 1) == 0:
         os.makedirs(os.path.dirname(cfg["ckpt"]), exist_ok=True)
         with open(cfg["ckpt"] + ".tmp", "w") as fh:
             fh.write("step %d\n" % (step + 1))
         os.replace(cfg["ckpt"] + ".tmp", cfg["ckpt"])
     print("step %d" % (step + 1), flush=True)
+    beat(step + 1)
 while cfg.get("hold") and os.path.exists(cfg["hold"]):
     time.sleep(0.05)
 if cfg.get("out"):
@@ -123,6 +134,10 @@ def test_finding_field_R1_a_new_run_never_resumes_another_runs_checkpoint(box):
     assert status["attempt"] == 2 and status["resume"]["from"] == "ckpt/second.txt", status["resume"]
     assert "resume:   from ckpt/second.txt (written by: this run's attempt 1)" in res.stdout, res.stdout
     assert "start at step 3" in (box.run_dir("second") / "job.log").read_text()
+    # it resumed from the newest checkpoint this run wrote: it continues the run (no step needed to tell)
+    continuity = status["sync"]["continuity"]
+    assert continuity["continued"] is True and "this run's newest checkpoint" in continuity["why"], continuity
+    assert status["sync"]["kept_generation"] is None
     # an explicit path is the way to start from someone else's checkpoint
     res = launch(box, "third", trainer(box, "third", steps=9), "--resume-from", "ckpt/first.txt",
                  "--resume-arg", "--resume {}", "--wait")
@@ -167,7 +182,125 @@ def test_finding_field_R2_a_resume_that_cannot_resume_keeps_the_verified_generat
     # what the gate reads on the node: which generation the results hold, and the kept ones
     state = subprocess.run([sys.executable, str(NODE / "rgt_core.py"), "--run-state", str(run_dir)],
                            capture_output=True, text=True, timeout=60)
-    assert json.loads(state.stdout)["generation"] == {"attempt": 2, "kept": [str(kept)]}
+    assert json.loads(state.stdout)["generation"] == {"attempt": 2, "kept": [str(kept)],
+                                                      "why": {str(kept): sync["kept_generation"]["why"]}}
+
+
+def relaunch(box, run_id, job, *opts, ok=True):
+    """The next attempt of RUN_ID, launched again in its run dir once its last dead-man is disarmed."""
+    subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(box.run_dir(run_id)),
+                    "--disarm"], env=box.env, capture_output=True, timeout=60, check=True)
+    return launch(box, run_id, job, *opts, ok=ok)
+
+
+def gate_lines(box, run_id, dest, profile_env):
+    """Pull RUN_ID's results to DEST and run the teardown gate on them -> the gate's stdout (it passed)."""
+    results = box.durable / "results" / run_id
+    pulled = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source", str(results), "--dest",
+                             str(dest)], capture_output=True, text=True, timeout=300)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    gate = subprocess.run([sys.executable, str(SCRIPTS / "teardown_gate.py"), "--pulled", str(dest / run_id),
+                           "--profile", "examplecloud", "--source", str(results)],
+                          capture_output=True, text=True, timeout=300, env=profile_env)
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    return gate.stdout
+
+
+@pytest.mark.drill("resume that cannot resume keeps durable output")
+def test_finding_field_R2_a_resume_from_an_older_checkpoint_keeps_the_verified_generation(box, tmp_path,
+                                                                                          profile_env):
+    """Resumed, but from a step below the one the durable copy stands at (an earlier file given with
+    --resume-from): the attempt did not continue the one before, so its sync keeps that one's results."""
+    (box.work / "ckpt").mkdir()
+    (box.work / "ckpt" / "old.txt").write_text("step 2\n")          # an earlier experiment's checkpoint
+    adapt = ["--output", "out/*", "--progress-regex", r"^step (?P<step>\d+)$", "--resume-glob", "ckpt/last.txt",
+             "--resume-arg", "--resume {}"]
+    mode = tmp_path / "mode.json"
+    mode.write_text(json.dumps({"out_text": "model at step 10: 6.71% correct\n", "code": 1}))
+    job = trainer(box, "old", ckpt="ckpt/last.txt", out="out/model.bin", steps=10, mode=str(mode))
+    launch(box, "old", job, *adapt, "--wait", ok=False)
+    run_dir, results = box.run_dir("old"), box.durable / "results" / "old"
+    first = box.status("old")
+    assert first["state"] == "failed" and first["sync"]["ok"] and first["sync"]["step"]["step"] == 10, first["sync"]
+    assert read(run_dir / "generation.json")["step"] == 10
+
+    # attempt 2 resumes, but from the old file: it starts at step 2 and ends with a model from there
+    mode.write_text(json.dumps({"out_text": "model from step 2: 0.18% correct\n", "code": 0}))
+    res = relaunch(box, "old", job, *adapt, "--resume-from", "ckpt/old.txt", "--wait")
+    status = box.status("old")
+    assert status["attempt"] == 2 and status["resume"]["from"] == "ckpt/old.txt", status["resume"]
+    sync = status["sync"]
+    kept = box.durable / "generations" / "old" / "1"
+    assert sync["ok"] and sync["kept_generation"]["attempt"] == 1 and sync["kept_generation"]["dir"] == str(kept)
+    why = sync["kept_generation"]["why"]
+    assert "resumed at step 3 (from ckpt/old.txt), below the durable copy's step 10" in why, why
+    assert sync["continuity"]["continued"] is False and sync["continuity"]["durable_step"] == 10, sync["continuity"]
+    assert (results / "out/model.bin").read_text() == "model from step 2: 0.18% correct\n"
+    assert (kept / "out/model.bin").read_text() == "model at step 10: 6.71% correct\n" and verify(kept) == []
+    assert "below the durable copy's step 10" in res.stdout, res.stdout        # the launch report
+    shown = subprocess.run([sys.executable, str(NODE / "run_status.py"), str(run_dir), "--no-gpu"],
+                           capture_output=True, text=True, timeout=60, env=box.env).stdout
+    assert "kept in %s" % kept in shown and "below the durable copy's step 10" in shown, shown
+    gate = gate_lines(box, "old", tmp_path / "pulled", profile_env)
+    assert "verified generation 2 (the results of attempt 2)" in gate, gate
+    assert "NOT verified by this gate: %s (kept because attempt 2 resumed at step 3" % kept in gate, gate
+
+    # attempt 3 resumes from attempt 2's last checkpoint (step 10) and goes on: it continues, nothing more is kept
+    job = trainer(box, "old", ckpt="ckpt/last.txt", out="out/model.bin", steps=15)
+    relaunch(box, "old", job, *adapt, "--wait")
+    sync = box.status("old")["sync"]
+    assert box.status("old")["resume"]["from"] == "ckpt/last.txt" and sync["ok"], box.status("old")
+    assert sync["kept_generation"] is None and sync["continuity"]["continued"] is True, sync
+    assert sync["continuity"]["resumed_step"] == 11 and sync["step"]["step"] == 15, sync
+    assert sorted(os.listdir(box.durable / "generations" / "old")) == ["1"]
+
+
+def test_finding_field_R2_a_crash_resume_from_the_newest_checkpoint_continues_and_keeps_no_generation(box):
+    """Attempt 1 saves every 4th step, logs step 10 and crashes: its durable copy stands at step 10, its newest
+    checkpoint at 8. Attempt 2 resumes from that newest checkpoint (first step 9, below 10) and continues the run:
+    no generation is kept (each crash would otherwise pin a copy of every output on the durable disk). Attempt 3
+    is given the same newest checkpoint but ignores it and starts over: that one keeps attempt 2's results."""
+    adapt = ["--output", "out/*", "--progress-regex", r"^step (?P<step>\d+)$", "--resume-glob", "ckpt/last.txt",
+             "--resume-arg", "--resume {}"]
+    launch(box, "crash", trainer(box, "crash", ckpt="ckpt/last.txt", ckpt_every=4, out="out/model.bin", steps=10,
+                                 code=1), *adapt, "--wait", ok=False)
+    assert box.status("crash")["sync"]["step"]["step"] == 10
+    relaunch(box, "crash", trainer(box, "crash", ckpt="ckpt/last.txt", ckpt_every=4, out="out/model.bin",
+                                   steps=12), *adapt, "--wait")
+    status = box.status("crash")
+    sync = status["sync"]
+    assert status["resume"]["from"] == "ckpt/last.txt" and status["resume"]["newest_own"] is True, status["resume"]
+    assert sync["continuity"]["continued"] is True and sync["continuity"]["resumed_step"] == 9, sync["continuity"]
+    assert sync["kept_generation"] is None and not (box.durable / "generations" / "crash").exists(), sync
+    assert (box.durable / "results" / "crash" / "out" / "model.bin").read_text() == "crash trained from step 8\n"
+
+    relaunch(box, "crash", trainer(box, "crash", ckpt="ckpt/last.txt", out="out/model.bin", steps=12,
+                                   ignore_resume=True), *adapt, "--wait")
+    sync = box.status("crash")["sync"]
+    assert sync["continuity"]["continued"] is False and sync["kept_generation"]["attempt"] == 2, sync
+    kept = box.durable / "generations" / "crash" / "2"
+    assert (kept / "out" / "model.bin").read_text() == "crash trained from step 8\n" and verify(kept) == []
+
+
+def test_finding_field_R2_the_heartbeat_tells_the_step_an_attempt_resumed_at(box, tmp_path):
+    """The same rule for a trainer that writes a heartbeat and prints no progress: its supervisor notes the
+    first step the heartbeat shows (status.json first_step), the sync the last."""
+    (box.work / "ckpt").mkdir()
+    (box.work / "ckpt" / "old.txt").write_text("step 2\n")
+    adapt = ["--output", "out/*", "--resume-from", "ckpt/old.txt", "--resume-arg", "--resume {}"]
+    launch(box, "hb", trainer(box, "hb", out="out/model.bin", steps=10, hb=True), "--output", "out/*", "--wait")
+    assert read(box.run_dir("hb") / "generation.json")["step"] == 10
+    pause = tmp_path / "pause"
+    pause.write_text("")
+    relaunch(box, "hb", trainer(box, "hb", out="out/model.bin", steps=10, hb=True, pause=str(pause)), *adapt)
+    assert wait_for(lambda: box.status("hb").get("first_step"), 60), box.status("hb")
+    assert box.status("hb")["first_step"]["step"] == 2, box.status("hb")
+    pause.unlink()
+    sync = box.wait_terminal("hb", 120)["sync"]
+    assert sync["ok"] and sync["kept_generation"]["attempt"] == 1, sync
+    assert "resumed at step 2 (from ckpt/old.txt), below the durable copy's step 10" in sync["kept_generation"]["why"]
+    assert sync["continuity"]["resumed_source"].startswith("heartbeat.json"), sync["continuity"]
+    assert (box.durable / "generations" / "hb" / "1" / "out" / "model.bin").read_text() == "hb trained from step 0\n"
 
 
 # ---------------------------------------------------------------- R4: the sweep never copies another run's files
@@ -205,6 +338,72 @@ def test_finding_field_R5_a_run_stopped_by_a_signal_is_interrupted_whatever_its_
     res = subprocess.run([sys.executable, str(NODE / "run_status.py"), str(box.run_dir("pre")), "--json", "--no-gpu"],
                          capture_output=True, text=True, timeout=60, env=box.env)
     assert json.loads(res.stdout)["status"] == "interrupted", res.stdout
+
+
+# A trainer that keeps printing until its hold file goes: a neighbour that progresses.
+TICKER = ("import os, sys, time\nwhile os.path.exists(sys.argv[1]):\n    print('tick', flush=True)\n"
+          "    time.sleep(0.2)\n")
+
+
+def stalled_by_the_deadman(box, run_id, hold, *opts):
+    """Launch a trainer that saves, prints three steps, then hangs silently (until HOLD goes) and exits 0 on
+    SIGTERM, under a real dead-man (no dry run) with a 3 s stall limit; -> its final status."""
+    job = trainer(box, run_id, hold=str(hold), term_exit=0, ckpt="ckpt/%s.txt" % run_id)
+    res = box.launch(run_id, job, "--stall-minutes", "0.05", "--grace-minutes", "30",
+                     "--output", "ckpt/%s.txt" % run_id, *opts, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return box.wait_terminal(run_id, 120)
+
+
+def test_finding_field_R5_a_job_the_deadman_stopped_is_interrupted_even_when_it_exits_0(box, tmp_path):
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    status = stalled_by_the_deadman(box, "hung", hold)
+    fired = read(box.run_dir("hung") / "DEADMAN_FIRED.json")   # written first, before the job's signal
+    assert fired["reason"] == "stall" and not fired["dry_run"], fired
+    assert status["state"] == "interrupted" and status["exit_code"] == 0, status
+    assert "dead-man" in status["interrupted_by"] and "stall" in status["interrupted_by"], status
+    assert status["sync"]["ok"], status["sync"]       # what it saved before the stop is still synced
+    assert "clean exit" in (box.run_dir("hung") / "job.log").read_text()
+    assert wait_for(lambda: box.stop_calls_lines(), 120), "the meter stop never ran"
+
+
+def test_finding_field_R5_a_job_the_deadman_stopped_beside_a_busy_run_is_interrupted(box, tmp_path):
+    """The dead-man of a stalled run beside a watched, progressing one stops only its own job (finding R3): that
+    job, too, was cut short, whatever its exit code; the box is left on."""
+    busy_hold = tmp_path / "busy-hold"
+    busy_hold.write_text("")
+    (box.work / "ticker.py").write_text(TICKER)
+    launch(box, "busy", [sys.executable, "ticker.py", str(busy_hold)])
+    try:
+        assert wait_for(lambda: "tick" in (box.run_dir("busy") / "job.log").read_text(), 60)
+        hold = tmp_path / "hold"
+        hold.write_text("")
+        status = stalled_by_the_deadman(box, "hung", hold)
+        # the dead-man writes its record once the stopped job's sync is over, so after the final state
+        assert wait_for(lambda: read(box.run_dir("hung") / "STALL_STOPPED.json").get("job_term"), 60)
+        stopped = read(box.run_dir("hung") / "STALL_STOPPED.json")
+        assert stopped["box_stop"] is False and stopped["job_term"]["signal"] == "SIGTERM", stopped
+        assert status["state"] == "interrupted" and status["exit_code"] == 0, status
+        assert "dead-man" in status["interrupted_by"] and "stall" in status["interrupted_by"], status
+        assert box.status("busy")["state"] == "running" and box.stop_calls_lines() == []
+    finally:
+        busy_hold.unlink()
+    assert box.wait_terminal("busy", 60)["state"] == "succeeded"
+
+
+def test_finding_field_R5_a_dry_run_dead_man_that_fired_never_marks_a_run_interrupted(box, tmp_path):
+    """A dry-run dead-man records what it would do and signals nothing: the job it 'would have stopped' goes on
+    and finishes by itself, so the run succeeded (found while fixing the dead-man -> interrupted rule)."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    launch(box, "dry", trainer(box, "dry", hold=str(hold), ckpt="ckpt/dry.txt"), "--stall-minutes", "0.05",
+           "--output", "ckpt/dry.txt")
+    assert wait_for(lambda: read(box.run_dir("dry") / "DEADMAN_FIRED.json").get("job_term"), 120)
+    assert read(box.run_dir("dry") / "DEADMAN_FIRED.json")["job_term"]["dry_run"] is True
+    hold.unlink()
+    status = box.wait_terminal("dry", 120)
+    assert status["state"] == "succeeded" and not status.get("interrupted_by"), status
 
 
 # ---------------------------------------------------------------- R13: the sweep's text line shows the real state

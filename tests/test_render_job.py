@@ -177,6 +177,7 @@ dist.destroy_process_group()
 '''
 
 
+@pytest.mark.long
 @pytest.mark.timeout(900)
 def test_slurm_warns_checkpoints_requeues_and_resumes(tmp_path):
     """The rendered script on a real slurmctld + slurmd: USR1 before the 2-minute limit -> the job saves ->

@@ -261,6 +261,52 @@ def test_resume_refuses_a_live_attempt_then_relaunches_as_attempt_two(tmp_path, 
 
 
 
+def test_finding_field_R2_resume_over_ssh_refuses_a_restart_that_supersedes_verified_outputs(tmp_path, sshd_server):
+    """A run with no resume adapter and verified outputs: `rgt.py resume` refuses in one line that names what its
+    restart from step 0 would supersede; with --force-restart it relaunches and the node keeps them as a
+    generation, which the gate names."""
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    (work / "model.txt").write_text("model at 6.71% correct")
+    job = ("import shutil, sys, os\nos.makedirs('out', exist_ok=True)\nshutil.copy('model.txt', 'out/model.bin')\n"
+           "sys.exit(1 if '6.71' in open('model.txt').read() else 0)\n")   # the good model's attempt failed
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "nores-1",
+              "--durable-dir", str(durable), "--cwd", str(work), "--", "--output", "out/*", "--deadman-dry-run",
+              "--wait", "--poll-seconds", "0.2", "--", "python3", "-c", job)
+    assert res.returncode == 1, res.stdout + res.stderr          # the job failed; its outputs are verified
+    kept = durable / "generations" / "nores-1" / "1"
+
+    refused = rgt(tmp_path, sshd_server, "resume", "gpu-box", "nores-1")
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert len(refused.stdout.strip().splitlines()) == 1, refused.stdout       # one line: the reason
+    line = refused.stdout.strip()
+    assert line.startswith("FAIL nores-1: refused (") and "no resume adapter" in line, line
+    assert "out/model.bin" in line and "--force-restart" in line and str(kept) in line, line
+    assert not kept.exists()
+    assert json.loads((durable / "runs" / "nores-1" / "status.json").read_text())["attempt"] == 1
+
+    (work / "model.txt").write_text("untrained model, 0.18% correct")
+    forced = rgt(tmp_path, sshd_server, "resume", "gpu-box", "nores-1", "--force-restart")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert "generation: attempt 1's verified outputs are kept in %s" % kept in forced.stdout, forced.stdout
+
+    def state():
+        return json.loads(rgt(tmp_path, sshd_server, "--json", "status", "gpu-box", "nores-1").stdout).get("status")
+    assert wait_for(lambda: state() == "succeeded", 120)
+    status = json.loads((durable / "runs" / "nores-1" / "status.json").read_text())
+    assert status["attempt"] == 2 and status["sync"]["kept_generation"]["dir"] == str(kept), status["sync"]
+    assert (kept / "out" / "model.bin").read_text() == "model at 6.71% correct"
+    assert (durable / "results" / "nores-1" / "out" / "model.bin").read_text() == "untrained model, 0.18% correct"
+
+    pulled = tmp_path / "pulled"
+    assert rgt(tmp_path, sshd_server, "pull", "gpu-box", "nores-1", "--dest", str(pulled)).returncode == 0
+    gate = rgt(tmp_path, sshd_server, "gate", "gpu-box", "nores-1", "--dest", str(pulled))
+    assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert "verified generation 2 (the results of attempt 2)" in gate.stdout, gate.stdout
+    assert "NOT verified by this gate: %s (kept because attempt 2 had no resume adapter" % kept in gate.stdout
+
+
 def test_a_node_without_the_toolkit_gets_one_clear_line(tmp_path, sshd_server):
     """Nothing pushed yet: the node's python3 finds no run_status.py, and the user is told so in one line."""
     res = rgt(tmp_path, sshd_server, "status", "gpu-box", "r1", "--durable-dir", str(tmp_path / "durable"))

@@ -133,6 +133,7 @@ def stop_and_collect(proc, sig):
     return rc, elapsed, t0, err
 
 
+@pytest.mark.long
 @pytest.mark.drill("kill-9 mid-epoch resumes")
 @pytest.mark.drill("SIGTERM saves within grace")
 def test_sigterm_then_kill9_then_resume_matches_uninterrupted_run(straight, tmp_path):

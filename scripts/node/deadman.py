@@ -31,7 +31,8 @@ a broken watcher cannot fail open). A reserve file made at arm time is given up 
 full, and records are best effort: the stop runs anyway.
 
 Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
-signal (run.json stop_signal, default SIGTERM) on its process group and up to --term-grace-seconds
+signal (run.json stop_signal, default SIGTERM; status.json job_stop says so first, so the supervisor records
+the run as interrupted whatever the job's exit code) on its process group and up to --term-grace-seconds
 to checkpoint, and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
 stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a
 confirmation (the provider's state where an adapter exists; for a stop meant to end the machine,
@@ -703,8 +704,10 @@ class Deadman(Watcher):
             time.sleep(min(0.2, self.cfg["poll_seconds"]))
         return time.monotonic() - start
 
-    def term_job(self, job_pid):
-        """The run's stop signal to the job's process group, then time to save and to sync."""
+    def term_job(self, job_pid, reason=None):
+        """The run's stop signal to the job's process group, then time to save and to sync. Before the signal,
+        status.json job_stop says who stops the job and why (REASON), so the supervisor records the run as
+        interrupted whatever the job's exit code: this record is only complete once the sync is over."""
         cfg = self.cfg
         pid = int(job_pid)
         sig = stop_signal_of(self.run_dir)
@@ -722,6 +725,8 @@ class Deadman(Watcher):
             rec["skipped"] = "pid %d is no longer the recorded job (exited, or reused by another process)" % pid
             return rec
         rec["sent_at"] = stamp()
+        runrec.set_status(self.run_dir, job_stop={"by": "the dead-man", "reason": reason, "signal": sig.name,
+                                                  "job_pid": pid, "at": rec["sent_at"]})
         try:
             if group:
                 os.killpg(pid, sig)
@@ -729,6 +734,7 @@ class Deadman(Watcher):
                 os.kill(pid, sig)
         except OSError as exc:
             rec["error"] = str(exc)
+            runrec.set_status(self.run_dir, job_stop=None)   # nothing was stopped
         rec["waited_seconds"] = round(self.wait_until(lambda: not core.pid_alive(pid), cfg["term_grace_seconds"]), 2)
         rec["job_exited"] = not core.pid_alive(pid)
 
@@ -745,7 +751,7 @@ class Deadman(Watcher):
 
     def before_stop(self, job_pid, job_alive):
         if job_alive and job_pid:
-            self.fired["job_term"] = self.term_job(job_pid)
+            self.fired["job_term"] = self.term_job(job_pid, self.fired.get("reason"))
 
     def stop_own_job(self, detail, job_pid, job_alive):
         """Finding R3: a stalled run on a box where another watched run trains loses its job, not the box."""
@@ -753,7 +759,7 @@ class Deadman(Watcher):
         self.log("STALL: %s: stopping this run's job only; the box stays on" % detail)
         rec = {"reason": "stall", "detail": detail, "at": stamp(), "box_stop": False}
         try:
-            rec["job_term"] = self.term_job(job_pid)
+            rec["job_term"] = self.term_job(job_pid, "stall")
         except Exception as exc:  # noqa: BLE001
             rec["error"] = str(exc)
         self.write_state({"stalled_job_stopped": rec})
@@ -1070,34 +1076,51 @@ def build_config(args, run_dir):
     return cfg, warnings
 
 
-def cmd_arm(args):
+def arm(args):
+    """Arm a detached dead-man for ARGS (deadman.py arm's options) -> (pid, config). The caller may be another
+    tool (launcher.py arms in its own process): the watcher is a double fork of the caller, no new interpreter."""
     run_dir = run_dir_arg(args)
     cfg, warnings = build_config(args, run_dir)
     lock_fd = take_lock(run_dir)
-    dm = Deadman(run_dir, cfg, foreground=args.foreground)
+    dm = Deadman(run_dir, cfg, foreground=False)
     retire_old_evidence(run_dir, dm.log)
     runrec.register(run_dir, cfg["registry"])
     for line in warnings:
         dm.log(line)
         sys.stderr.write(line + "\n")
-    if args.foreground:
-        signal.signal(signal.SIGUSR1, dm.on_wake)
-        dm.write_state()
-        if args.json:
-            core.emit_json({"pid": os.getpid(), "run_dir": run_dir, "state": "armed", "foreground": True,
-                            "config": cfg})
-        return dm.loop()
     try:
         pid = detach_and_run(dm, lock_fd)
     except RuntimeError as exc:
         raise core.CheckFailed("the detached dead-man failed to start: %s (see %s)" % (exc, dm.p("deadman.log")))
+    finally:
+        os.close(lock_fd)   # the watcher holds its own copy of the lock
+    return pid, cfg
+
+
+def cmd_arm(args):
+    if not args.foreground:
+        pid, cfg = arm(args)
+        if args.json:
+            core.emit_json({"pid": pid, "run_dir": os.path.abspath(args.run_dir), "state": "armed", "config": cfg})
+        else:
+            print(pid)
+            sys.stderr.write("dead-man armed (pid %d) on %s; stop: %s\n"
+                             % (pid, os.path.abspath(args.run_dir), cfg["stop_cmd"] or cfg["fallback_stop_cmd"] or "NONE"))
+        return 0
+    run_dir = run_dir_arg(args)
+    cfg, warnings = build_config(args, run_dir)
+    take_lock(run_dir)
+    dm = Deadman(run_dir, cfg, foreground=True)
+    retire_old_evidence(run_dir, dm.log)
+    runrec.register(run_dir, cfg["registry"])
+    for line in warnings:
+        dm.log(line)
+        sys.stderr.write(line + "\n")
+    signal.signal(signal.SIGUSR1, dm.on_wake)
+    dm.write_state()
     if args.json:
-        core.emit_json({"pid": pid, "run_dir": run_dir, "state": "armed", "config": cfg})
-    else:
-        print(pid)
-        sys.stderr.write("dead-man armed (pid %d) on %s; stop: %s\n"
-                         % (pid, run_dir, cfg["stop_cmd"] or cfg["fallback_stop_cmd"] or "NONE"))
-    return 0
+        core.emit_json({"pid": os.getpid(), "run_dir": run_dir, "state": "armed", "foreground": True, "config": cfg})
+    return dm.loop()
 
 
 def retire_old_evidence(run_dir, log):
@@ -1177,6 +1200,21 @@ def detach_and_run(dm, lock_fd):
         os._exit(rc)
 
 
+def write_ack(run_dir, doc):
+    """Write the ACK and wake a live dead-man so it takes effect now (a resume waits for the hand-over)."""
+    core.atomic_write_json(os.path.join(run_dir, "ACK"), doc)
+    live = live_deadman(run_dir)
+    if live:
+        try:
+            os.kill(live, signal.SIGUSR1)
+        except OSError:
+            pass
+
+
+def disarm(run_dir):
+    write_ack(run_dir, {"disarm": True, "at": stamp()})
+
+
 def cmd_ack(args):
     run_dir = run_dir_arg(args)
     if args.disarm:
@@ -1191,13 +1229,7 @@ def cmd_ack(args):
         until = time.time() + minutes * 60
         doc = {"until": until, "at": stamp()}
         msg = "postponed until %s (%g min)" % (stamp(until), minutes)
-    core.atomic_write_json(os.path.join(run_dir, "ACK"), doc)
-    live = live_deadman(run_dir)
-    if live:  # wake it so the ACK takes effect now (a resume waits for the hand-over)
-        try:
-            os.kill(live, signal.SIGUSR1)
-        except OSError:
-            pass
+    write_ack(run_dir, doc)
     if args.json:
         core.emit_json(doc)
     else:

@@ -1,36 +1,39 @@
 #!/usr/bin/env python3
 """launcher.py: the Python half of run_one.sh (the launch steps and the launch report).
 
-run_one.sh runs one operation of this file at each step that needs JSON or filesystem work; the
-supervisor that stays behind on the node (inside tmux, or in its own session) is `supervise`.
-Python 3.8+, standard library only; imports rgt_core and evidence from this folder.
-Errors are one line, `run_one.sh: error: ...` (it is run_one.sh's code).
+run_one.sh starts it twice (two interpreter starts; the supervisor, supervise.py, is the third): `prepare`,
+then, after the shell sourced the proxy hook, `start`. Python 3.8+, standard library only. Errors are one line,
+`run_one.sh: error: ...` (it is run_one.sh's code).
 
 Usage:
-  launcher.py profile NAME
-      the profile's scalar defaults as KEY NUL VALUE NUL pairs (first pair: @index PATH)
-  launcher.py check-patterns [--output GLOB]... [--allow-empty GLOB]...
-      exit 2 when a glob is absolute, has '..' or is empty
-  launcher.py disk [--floor-gb N] [--floor-inodes N] [--writable DIR]... -- PATH...
-      the launch disk gate: free bytes AND inodes of each filesystem, a write probe in each DIR; the
-      floors default to rgt_core's DEFAULT_DISK_FLOOR_GB and DEFAULT_MIN_FREE_INODES (run_one.sh passes
-      a floor only when --disk-floor-gb, DISK_FLOOR_GB or DISK_FLOOR_INODES sets one)
-  launcher.py gpu-gate [--timeout S]
-      refuse unless `nvidia-smi -L` lists a GPU within S seconds (default 15)
+  launcher.py prepare --launcher-pid PID [--profile NAME] [--run-id ID] [--run-dir D] [--durable-dir D]
+                      [--tag WORD] [--disk-floor-gb N] [--require-gpu [--gpu-timeout S]]
+                      [--output GLOB]... [--allow-empty GLOB]...
+      everything that can refuse a launch before anything is written: the globs (exit 2 when one is absolute,
+      has '..' or is empty), the profile's defaults (a variable set in the environment wins, a flag over both),
+      the run id and dir, the disk gate (free bytes AND inodes of each filesystem of the run dir, DATA_DIR and
+      DURABLE_DIR; a write probe in DURABLE_DIR/results; the floor: --disk-floor-gb, else DISK_FLOOR_GB, else
+      rgt_core.DEFAULT_DISK_FLOOR_GB; DISK_FLOOR_INODES, else rgt_core.DEFAULT_MIN_FREE_INODES), the GPU gate
+      (`nvidia-smi -L` lists a GPU within S seconds, default 15), then the run dir and run.lock for PID.
+      Prints KEY NUL VALUE NUL pairs: PY (this interpreter), PROFILE, RGT_PROFILE_INDEX, RUN_ID, RUN_DIR,
+      RESULTS_DIR, DATA_DIR, DURABLE_DIR, HF_HOME, PROXY_HOOK
+  launcher.py start (the options of init, less --detach and --check-deadman) [--no-deadman]
+                    [--deadman-arg WORD]... [--wait] [--poll-seconds S] [--json] -- CMD [ARGS...]
+      init, then the dead-man (`deadman.py arm --run-dir D WORD...`, armed in this process: a fork), then
+      the supervisor (in tmux when it is installed, else setsid; it must record itself in status.json
+      within 120 s), then the report; whatever fails before a supervisor claims the run marks it failed
+      and disarms the dead-man
   launcher.py init --run-dir D --run-id ID --cwd DIR --results-dir R --detach tmux|setsid
-                    --launcher-pid PID [--profile NAME] [--durable-dir DIR] [--check-deadman]
-                    [--output GLOB]... [--allow-empty GLOB]... -- CMD [ARGS...]
-      [--stop-signal SIG] [--resume-glob GLOB --resume-arg TEMPLATE] [--resume-from PATH] [--progress-regex RE]
-                    [--auto-resume] [--max-attempts N] [--launch-arg WORD]... [--total-steps N]
+                   --launcher-pid PID [--profile NAME] [--durable-dir DIR] [--check-deadman]
+                   [--output GLOB]... [--allow-empty GLOB]... [--stop-signal SIG]
+                   [--resume-glob GLOB --resume-arg TEMPLATE] [--resume-from PATH] [--progress-regex RE]
+                   [--auto-resume] [--max-attempts N] [--launch-arg WORD]... [--total-steps N]
+                   [--notify-events E1,E2] -- CMD [ARGS...]
       write run.json and status.json (state starting, attempt N); an earlier attempt's evidence moves to
       previous/<stamp>/; refused (3) while a live dead-man is armed on D (with --check-deadman)
   launcher.py fail --run-dir D --message TEXT
       mark a run that never got a supervisor as failed; exit 0 when no supervisor ever claimed it
       (nor can now), exit 1, changing nothing, when one has
-  launcher.py start --run-dir D --detach tmux|setsid [--tmux-name NAME] [--timeout S]
-      start the detached supervisor and wait until status.json records it (its identity); a
-      supervisor that died or did not record itself within S s (default 30) -> the run is marked
-      failed under the status lock, so a late supervisor can never run it, and exit 1
   launcher.py report --run-dir D [--deadman-pid PID] [--dry-run] [--wait] [--poll-seconds S] [--json]
       the launch report (text, or one JSON object with --json); with --wait, wait for the run to
       end and exit like run_one.sh --wait (0 succeeded, the job's code, 1 sync failed)
@@ -47,8 +50,10 @@ The supervisor (supervise.py) runs the job; the durable sync is sync.py.
 Exit codes: 0 ok, 1 failed (the sync, the start, a job that failed: its code), 2 usage, 3 refused.
 """
 import os
+import random
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,8 +67,10 @@ import evidence
 PROG = "run_one.sh"
 STATUS = "status.json"
 RUN = "run.json"
+LOCK_DIR = "run.lock"
 TERMINAL = runrec.TERMINAL
 RAW_ARGV = runrec.RAW_ARGV
+START_TIMEOUT = 120.0  # generous: a loaded box starts Python slowly
 SUPERVISE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervise.py")
 
 status_lock, save_status, set_status = runrec.status_lock, runrec.save_status, runrec.set_status
@@ -83,6 +90,14 @@ def read_status(run_dir):
     return runrec.status(run_dir)
 
 
+def lock_owner(run_dir):
+    try:
+        with open(os.path.join(run_dir, LOCK_DIR, "pid")) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
 def unlink_quiet(path):
     try:
         os.unlink(path)
@@ -92,12 +107,8 @@ def unlink_quiet(path):
 
 # ---------------------------------------------------------------- launch steps
 
-def op_profile(args):
-    index = core.profile_index_path()
-    pairs = [("@index", index or "")] + sorted(core.profile_defaults(args.name).items())
-    out = getattr(sys.stdout, "buffer", sys.stdout)
-    out.write("".join("%s\0%s\0" % pair for pair in pairs).encode("utf-8"))
-    return 0
+PROFILE_KEYS = ("DATA_DIR", "DURABLE_DIR", "HF_HOME", "PROXY_HOOK", "DISK_FLOOR_GB")
+RUN_ID_RX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 def normal_patterns(patterns, what):
@@ -111,32 +122,66 @@ def normal_patterns(patterns, what):
     return out
 
 
-def op_check_patterns(args):
-    normal_patterns(args.output, "--output")
-    normal_patterns(args.allow_empty, "--allow-empty")
-    return 0
+def profile_settings(profile, environ):
+    """The launch's settings from the profile: a variable already set in the environment wins."""
+    out = {}
+    if profile:
+        defaults = core.profile_defaults(profile)
+        for key in PROFILE_KEYS:
+            if environ.get(key):
+                out[key] = environ[key]
+            elif defaults.get(key):
+                out[key] = defaults[key]
+    else:
+        out = {key: environ[key] for key in PROFILE_KEYS if environ.get(key)}
+    return out
 
 
-def op_disk(args):
-    ok, checks = core.disk_gate(args.paths, args.floor_gb, args.floor_inodes, writable=args.writable)
+def new_run_id(tag):
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(tag or "run"))[:24]
+    rid = "%s-%s-%d" % (stamp, clean, random.randrange(32768))
+    return rid if RUN_ID_RX.match(rid) else "run-%s-%d" % (stamp, random.randrange(32768))
+
+
+def disk_floors(args, settings):
+    """(GiB, inodes): --disk-floor-gb, else DISK_FLOOR_GB (environment, then the profile), else the toolkit's one
+    floor (rgt_core.DEFAULT_DISK_FLOOR_GB); DISK_FLOOR_INODES, else rgt_core.DEFAULT_MIN_FREE_INODES."""
+    floor = args.disk_floor_gb if args.disk_floor_gb is not None else settings.get("DISK_FLOOR_GB")
+    if floor is None:
+        floor = core.DEFAULT_DISK_FLOOR_GB
+    try:
+        floor = float(floor)
+    except ValueError:
+        raise core.UsageError("DISK_FLOOR_GB must be a number, got %r" % floor)
+    if not 0 <= floor < 1e9:
+        raise core.UsageError("DISK_FLOOR_GB must be a non-negative number, got %r" % floor)
+    inodes = os.environ.get("DISK_FLOOR_INODES") or core.DEFAULT_MIN_FREE_INODES
+    if not str(inodes).isdigit():
+        raise core.UsageError("DISK_FLOOR_INODES must be an integer, got %r" % inodes)
+    return floor, int(inodes)
+
+
+def refuse_below_floor(paths, floor_gb, floor_inodes, writable):
+    ok, checks = core.disk_gate(paths, floor_gb, floor_inodes, writable=writable)
     for check in checks:
         say(check["line"])
     if ok:
-        return 0
-    unwritable = [c for c in checks[-len(args.writable):] if c["status"] != core.OK] if args.writable else []
+        return
+    unwritable = [c for c in checks[-len(writable):] if c["status"] != core.OK] if writable else []
     if unwritable:
         raise core.Refused("%s (the end-of-run sync would fail after the GPU hours are spent: fix the mount or "
                            "the permissions, or choose another --durable-dir); nothing was started"
                            % "; ".join(c["line"].replace("REFUSED ", "", 1) for c in unwritable))
     raise core.Refused("disk floor not met (need %g GiB and %d inodes free): free space first (df -h; df -i); "
-                       "nothing was started" % (args.floor_gb, args.floor_inodes))
+                       "nothing was started" % (floor_gb, floor_inodes))
 
 
-def op_gpu_gate(args):
-    res = core.run_bounded(["nvidia-smi", "-L"], args.timeout)
+def gpu_gate(timeout):
+    res = core.run_bounded(["nvidia-smi", "-L"], timeout)
     if res.timed_out:
         raise core.Refused("--require-gpu: nvidia-smi did not answer within %g s (a hung driver: look for Xid errors "
-                           "in dmesg); nothing was started" % args.timeout)
+                           "in dmesg); nothing was started" % timeout)
     if res.error:
         raise core.Refused("--require-gpu: nvidia-smi lists no GPU (it is not installed: no driver?); "
                            "nothing was started")
@@ -145,6 +190,85 @@ def op_gpu_gate(args):
         raise core.Refused("--require-gpu: nvidia-smi lists no GPU (missing driver, or the box came back without "
                            "one; nvidia-smi exit %s); nothing was started" % res.rc)
     say("%s GPU gate: %d GPU(s) listed by nvidia-smi" % (core.OK, len(gpus)))
+
+
+def take_run_lock(run_dir, launcher_pid):
+    """run.lock (a dir holding the owner's pid) for the launcher LAUNCHER_PID; the supervisor takes it over."""
+    lock = run_path(run_dir, LOCK_DIR)
+    for _ in range(5):
+        try:
+            os.mkdir(lock)
+        except FileExistsError:
+            owner = lock_owner(run_dir)
+            if not owner:
+                time.sleep(0.5)   # being created right now
+                continue
+            if owner.isdigit() and core.pid_alive(int(owner)):
+                raise core.Refused("run dir %s is locked by live pid %s (a run is using it); choose another --run-id"
+                                   % (run_dir, owner))
+            say("%s: reclaiming stale lock %s (pid %s is gone)" % (PROG, lock, owner))
+            aside = "%s.stale.%d" % (lock, os.getpid())
+            try:
+                os.rename(lock, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            except OSError:
+                pass
+            continue
+        core.atomic_write(os.path.join(lock, "pid"), "%d\n" % launcher_pid)
+        return
+    raise core.Refused("could not take the lock %s" % lock)
+
+
+def op_prepare(args):
+    """Everything that can refuse a launch before anything is written: the globs, the profile, where the run
+    goes, the disk and GPU gates; then the run dir and its lock. Prints KEY NUL VALUE NUL pairs for run_one.sh."""
+    normal_patterns(args.output, "--output")
+    normal_patterns(args.allow_empty, "--allow-empty")
+    profile = args.profile or os.environ.get("RGT_PROFILE") or ""
+    settings = profile_settings(profile, os.environ)
+    if args.durable_dir:
+        settings["DURABLE_DIR"] = args.durable_dir
+    durable = settings.get("DURABLE_DIR")
+    if durable:
+        settings["DURABLE_DIR"] = durable = os.path.abspath(durable)
+    rid = args.run_id or (os.path.basename(os.path.normpath(args.run_dir)) if args.run_dir else new_run_id(args.tag))
+    if not RUN_ID_RX.match(rid):
+        rid = new_run_id(args.tag)
+    if args.run_dir:
+        run_dir = os.path.abspath(args.run_dir)
+    elif durable:
+        run_dir = os.path.join(durable, "runs", rid)
+    else:
+        raise core.UsageError("no place for the run: pass --durable-dir DIR, --run-dir DIR, set DURABLE_DIR or "
+                              "--profile")
+    if durable:
+        results = os.path.join(durable, "results", rid)
+    else:
+        results = run_path(run_dir, "results")
+        if args.output:
+            say("%s: no DURABLE_DIR: the outputs are copied to %s, which is only as durable as the run dir"
+                % (PROG, results))
+    there = run_dir   # a file where the run dir must go is bad input, not a launch failure
+    while not os.path.lexists(there):
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        raise core.UsageError("cannot use run dir %s: %s is not a directory" % (run_dir, there))
+    floor_gb, floor_inodes = disk_floors(args, settings)
+    paths = [run_dir] + [settings[k] for k in ("DATA_DIR", "DURABLE_DIR") if settings.get(k)]
+    refuse_below_floor(paths, floor_gb, floor_inodes, [os.path.join(durable, "results")] if durable else [])
+    if args.require_gpu:
+        gpu_gate(args.gpu_timeout)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as exc:
+        raise core.CheckFailed("cannot create run dir %s: %s" % (run_dir, exc.strerror or exc))
+    take_run_lock(run_dir, args.launcher_pid)
+    pairs = [("PY", sys.executable), ("PROFILE", profile), ("RGT_PROFILE_INDEX", core.profile_index_path() or ""),
+             ("RUN_ID", rid), ("RUN_DIR", run_dir), ("RESULTS_DIR", results)]
+    pairs += [(key, settings.get(key, "")) for key in PROFILE_KEYS if key != "DISK_FLOOR_GB"]
+    out = getattr(sys.stdout, "buffer", sys.stdout)
+    out.write("".join("%s\0%s\0" % pair for pair in pairs).encode("utf-8", "surrogateescape"))
+    out.flush()
     return 0
 
 
@@ -167,6 +291,19 @@ def move_old_evidence(run_dir):
 STOP_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2", "QUIT")
 
 
+def notify_events(text):
+    """--notify-events E1,E2 -> the run's own event list (None: every event its targets take)."""
+    if not text:
+        return None
+    import notify
+    events = [e.strip() for e in text.split(",") if e.strip()]
+    bad = sorted(set(events) - set(notify.EVENTS))
+    if bad or not events:
+        raise core.UsageError("--notify-events: unknown event(s) %s (known: %s)"
+                              % (", ".join(bad) or repr(text), ", ".join(notify.EVENTS)))
+    return events
+
+
 def check_adapters(args):
     """The resume and progress adapters, validated at launch (exit 2), never at the job's end."""
     if bool(args.resume_glob or args.resume_from) != bool(args.resume_arg):
@@ -182,6 +319,7 @@ def check_adapters(args):
             raise core.UsageError("--resume-arg cannot be split into arguments: %s" % exc)
     if args.max_attempts < 1:
         raise core.UsageError("--max-attempts must be at least 1")
+    notify_events(args.notify_events)
     if args.progress_regex:
         try:
             rx = re.compile(args.progress_regex)
@@ -220,6 +358,7 @@ def op_init(args):
             "resume_from": args.resume_from or None, "progress_regex": args.progress_regex or None,
             "attempt": attempt_number(run_dir), "auto_resume": args.auto_resume,
             "max_attempts": args.max_attempts, "total_steps": args.total_steps,
+            "notify_events": notify_events(args.notify_events),
             "launch_argv": core.scrub_record(launch_argv)})
         core.atomic_write_json(run_path(run_dir, STATUS), {
             "run_id": args.run_id, "state": "starting", "job_pid": None, "job_identity": None, "exit_code": None,
@@ -229,14 +368,6 @@ def op_init(args):
             "attempt": attempt_number(run_dir), "resume": None})
     with open(run_path(run_dir, "job.log"), "ab"):
         pass
-    try:  # the environment record for reproduction (run_env.py, detached): never blocks or fails a launch
-        import run_env
-        pid = run_env.start_detached(run_dir)
-        if pid:  # the end-of-run sync waits (bounded) for it, so env.json reaches the results dir
-            with status_lock(run_dir):
-                core.update_json(run_path(run_dir, STATUS), run_env_identity=core.process_identity(pid))
-    except Exception as exc:  # noqa: BLE001
-        say("%s: the environment was not recorded (%s)" % (PROG, exc))
     return 0
 
 
@@ -284,14 +415,16 @@ def start_tmux(run_dir, name, cwd):
     return None, (res.error or ("timed out" if res.timed_out else res.output.strip()[:200]) or "exit %s" % res.rc)
 
 
-def op_start(args):
-    run_dir = os.path.abspath(args.run_dir)
+def start_supervisor(run_dir, detach, tmux_name, timeout=START_TIMEOUT):
+    """Start the detached supervisor and wait until status.json records it (it may have finished already).
+    A supervisor that died, or did not record itself in TIMEOUT s, is given up under the status lock, so a late
+    one can never run the job; CheckFailed then."""
     run = core.read_json(run_path(run_dir, RUN))
     cwd = run.get("cwd") or os.getcwd()
-    detach, child, pane = args.detach, None, None
+    child, pane = None, None
     if detach == "tmux":
-        set_status(run_dir, detach="tmux", tmux_socket=args.tmux_name)
-        pane, why = start_tmux(run_dir, args.tmux_name, cwd)
+        set_status(run_dir, detach="tmux", tmux_socket=tmux_name)
+        pane, why = start_tmux(run_dir, tmux_name, cwd)
         if pane is None:
             say("%s: tmux could not start a session (%s); falling back to setsid" % (PROG, why))
             detach = "setsid"
@@ -304,22 +437,71 @@ def op_start(args):
         except OSError as exc:
             give_up(run_dir, "cannot start the supervisor: %s" % exc)
             raise core.CheckFailed("cannot start the supervisor: %s" % exc)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     while True:
         if read_status(run_dir).get("supervisor_identity"):
-            return 0
+            return
         gone = child.poll() is not None if child else not core.pid_alive(pane)
         if gone or time.monotonic() > deadline:
-            why = "exited before it recorded itself" if gone else "did not record itself within %g s" % args.timeout
+            why = "exited before it recorded itself" if gone else "did not record itself within %g s" % timeout
             message = "the supervisor %s (%s); see %s" % (why, detach, run_path(run_dir, "supervisor.log"))
             if not give_up(run_dir, message):
-                return 0  # it recorded itself at the last moment: it runs the job
+                return  # it recorded itself at the last moment: it runs the job
             if child and child.poll() is None:
                 child.kill()
             elif pane and detach == "tmux":
-                core.run_bounded(["tmux", "-L", args.tmux_name, "kill-server"], 10)
+                core.run_bounded(["tmux", "-L", tmux_name, "kill-server"], 10)
             raise core.CheckFailed(message)
         time.sleep(0.02)
+
+
+def tmux_name(run_id):
+    return "rgt-" + re.sub(r"[.:]", "_", run_id)
+
+
+def arm_deadman(run_dir, words):
+    """Arm the run's dead-man in this process (deadman.py arm's own code: it forks the watcher) -> its pid."""
+    import deadman
+    try:
+        args = deadman.build_parser().parse_args(["arm", "--run-dir", run_dir] + list(words))
+    except core.UsageError as exc:
+        raise core.UsageError("deadman.py rejected its arguments: %s; nothing was started" % exc)
+    try:
+        pid, _cfg = deadman.arm(args)
+    except core.UsageError as exc:
+        raise core.UsageError("the dead-man's settings are wrong: %s; nothing was started" % exc)
+    except (core.Refused, core.CheckFailed, OSError) as exc:
+        raise core.Refused("the dead-man could not be armed (%s); nothing was started" % exc)
+    return pid
+
+
+def op_start(args):
+    """The launch after prepare: the run record, the dead-man, the supervisor, the report (with --wait, the end).
+    Whatever fails before a supervisor claims the run leaves a readable failed status and no armed dead-man."""
+    run_dir = os.path.abspath(args.run_dir)
+    args.check_deadman = not args.no_deadman
+    args.detach = "tmux" if shutil.which("tmux") else "setsid"
+    op_init(args)
+    deadman_pid = None
+    try:
+        if args.no_deadman:
+            say("%s: !!! --no-deadman: NOTHING on this node will stop the meter if the job hangs, ends or the node "
+                "is forgotten !!!" % PROG)
+        else:
+            deadman_pid = arm_deadman(run_dir, args.deadman_arg)
+        start_supervisor(run_dir, args.detach, tmux_name(args.run_id))
+    except BaseException as exc:
+        known = isinstance(exc, (core.UsageError, core.Refused, core.CheckFailed))
+        if give_up(run_dir, str(exc) if known else "the launch failed: %r" % exc) and deadman_pid:
+            import deadman
+            deadman.disarm(run_dir)   # no supervisor ever claimed the run, nor can now: nothing to watch
+        raise
+    if not args.output:
+        say("%s: no --output given: only the run's logs will be copied to %s when the job ends"
+            % (PROG, args.results_dir))
+    args.deadman_pid = deadman_pid
+    args.dry_run = "--dry-run" in args.deadman_arg
+    return op_report(args)
 
 
 # ---------------------------------------------------------------- the launch report
@@ -460,33 +642,13 @@ def positive(text):
     return value
 
 
-def build_parser():
-    parser = core.Parser(prog="launcher.py", description="The Python half of run_one.sh (see the module docstring).")
-    sub = parser.add_subparsers(dest="op", parser_class=core.Parser)
-    sub.required = True
-    p = sub.add_parser("profile", help="a profile's defaults, NUL-separated")
-    p.add_argument("name")
-    p = sub.add_parser("check-patterns", help="validate --output / --allow-empty globs")
-    p.add_argument("--output", action="append", default=[])
-    p.add_argument("--allow-empty", action="append", default=[])
-    p = sub.add_parser("disk", help="the launch disk gate")
-    p.add_argument("--floor-gb", type=float, default=core.DEFAULT_DISK_FLOOR_GB,
-                   help="GiB free required (default %g: rgt_core.DEFAULT_DISK_FLOOR_GB)" % core.DEFAULT_DISK_FLOOR_GB)
-    p.add_argument("--floor-inodes", type=int, default=core.DEFAULT_MIN_FREE_INODES,
-                   help="free inodes required (default %d: rgt_core.DEFAULT_MIN_FREE_INODES)"
-                        % core.DEFAULT_MIN_FREE_INODES)
-    p.add_argument("--writable", action="append", default=[])
-    p.add_argument("paths", nargs="+")
-    p = sub.add_parser("gpu-gate", help="refuse unless nvidia-smi lists a GPU in time")
-    p.add_argument("--timeout", type=positive, default=15.0)
-    p = sub.add_parser("init", help="write run.json and status.json")
+def run_record_options(p):
+    """The options that become run.json (init and start)."""
     for name in ("--run-dir", "--run-id", "--cwd", "--results-dir"):
         p.add_argument(name, required=True)
-    p.add_argument("--detach", choices=("tmux", "setsid"), required=True)
     p.add_argument("--launcher-pid", type=int, required=True)
     p.add_argument("--profile", default="")
     p.add_argument("--durable-dir", default="")
-    p.add_argument("--check-deadman", action="store_true")
     p.add_argument("--stop-signal", choices=STOP_SIGNALS, default="TERM")
     p.add_argument("--resume-glob", default="")
     p.add_argument("--resume-arg", default="")
@@ -495,44 +657,66 @@ def build_parser():
     p.add_argument("--auto-resume", action="store_true")
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--launch-arg", action="append", default=[])
-    p.add_argument("--total-steps", type=core.arg_number(int, 1, 1e15), default=None,
-                   help="the run's total steps, for a trainer that prints none (run.json total_steps)")
+    p.add_argument("--total-steps", type=core.arg_number(int, 1, 1e15), default=None)
+    p.add_argument("--notify-events", default="")
     p.add_argument("--output", action="append", default=[])
     p.add_argument("--allow-empty", action="append", default=[])
+
+
+def report_options(p):
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--poll-seconds", type=positive, default=1.0)
+    p.add_argument("--json", action="store_true")
+
+
+def build_parser():
+    parser = core.Parser(prog="launcher.py", description="The Python half of run_one.sh (see the module docstring).")
+    sub = parser.add_subparsers(dest="op", parser_class=core.Parser)
+    sub.required = True
+    p = sub.add_parser("prepare", help="the gates, the run dir and its lock; KEY NUL VALUE NUL pairs")
+    for name in ("--profile", "--run-id", "--run-dir", "--durable-dir", "--tag"):
+        p.add_argument(name, default="")
+    p.add_argument("--disk-floor-gb", type=core.arg_number(float, 0.0, 1e9), default=None)
+    p.add_argument("--require-gpu", action="store_true")
+    p.add_argument("--gpu-timeout", type=positive, default=15.0)
+    p.add_argument("--launcher-pid", type=int, required=True)
+    p.add_argument("--output", action="append", default=[])
+    p.add_argument("--allow-empty", action="append", default=[])
+    p = sub.add_parser("start", help="the run record, the dead-man, the supervisor and the report")
+    run_record_options(p)
+    p.add_argument("--no-deadman", action="store_true")
+    p.add_argument("--deadman-arg", action="append", default=[])
+    report_options(p)
+    p = sub.add_parser("init", help="write run.json and status.json")
+    run_record_options(p)
+    p.add_argument("--detach", choices=("tmux", "setsid"), required=True)
+    p.add_argument("--check-deadman", action="store_true")
     p = sub.add_parser("fail", help="mark a run that never got a supervisor failed")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--message", required=True)
-    p = sub.add_parser("start", help="start the detached supervisor, wait until it records itself")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--detach", choices=("tmux", "setsid"), required=True)
-    p.add_argument("--tmux-name", default="")
-    p.add_argument("--timeout", type=positive, default=120.0)  # generous: a loaded box starts Python slowly
     p = sub.add_parser("report", help="the launch report; --wait for the end")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--deadman-pid", type=int, default=None)
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--wait", action="store_true")
-    p.add_argument("--poll-seconds", type=positive, default=1.0)
-    p.add_argument("--json", action="store_true")
+    report_options(p)
     return parser
 
 
-OPS = {"profile": op_profile, "check-patterns": op_check_patterns, "disk": op_disk, "gpu-gate": op_gpu_gate,
-       "init": op_init, "fail": op_fail, "start": op_start, "report": op_report}
+OPS = {"prepare": op_prepare, "start": op_start, "init": op_init, "fail": op_fail, "report": op_report}
 
 
 def main(argv=None):
     core.check_toolkit()
     argv = list(sys.argv[1:] if argv is None else argv)
     rest = []
-    if argv[:1] == ["init"] and "--" in argv:  # the job's own argv follows the first "--", verbatim
+    if argv[:1] in (["init"], ["start"]) and "--" in argv:  # the job's own argv follows the first "--", verbatim
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1:]
     if argv[:1] == ["--help"] or argv[:1] == ["-h"]:
         sys.stdout.write(__doc__)
         return 0
     args = build_parser().parse_args(argv)
-    if args.op == "init":
+    if args.op in ("init", "start"):
         args.cmd = rest
     return OPS[args.op](args)
 

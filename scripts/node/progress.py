@@ -5,7 +5,8 @@ Step and total come from heartbeat.json, else from the last job.log line the lau
 regex (run.json progress_regex) matches; a total neither gives comes from run.json total_steps. The
 ETA is the heartbeat's sec_per_step when the job writes it, else this attempt's average rate (steps
 since the step the attempt started at, over the time since it started). Used by run_status.py (its
-line and JSON) and by the dead-man (the first_progress message). A library module (no command line).
+line and JSON), sync.py (which step an attempt reached) and the dead-man (the first_progress message).
+A library module (no command line).
 """
 import math
 import os
@@ -78,6 +79,13 @@ def attempt_first_step(log_path, pattern, limit=64 << 20, chunk=1 << 20):
     """The first step the --progress-regex finds in THIS attempt's part of job.log (after the supervisor's
     last "starting:" note), else None. job.log is appended across attempts, so the attempt's first progress
     line is where a resumed job started counting. Reads at most LIMIT bytes back and LIMIT forward."""
+    return attempt_steps(log_path, pattern, limit, chunk, last=False)[0]
+
+
+def attempt_steps(log_path, pattern, limit=64 << 20, chunk=1 << 20, last=True):
+    """(first, last): the first and the last step the --progress-regex finds in THIS attempt's part of job.log
+    (see attempt_first_step), each None when unknown; with LAST False the scan stops at the first one."""
+    first = final = None
     try:
         rx = re.compile(pattern)
         size = os.path.getsize(log_path)
@@ -94,21 +102,24 @@ def attempt_first_step(log_path, pattern, limit=64 << 20, chunk=1 << 20):
                     start = pos + marks[-1].end() - len(lead)
                 carry = block[:64]
             if start is None:
-                return None
+                return None, None
             handle.seek(start)
             handle.readline()   # the rest of the "starting:" note
             read = 0
             for raw in handle:
                 read += len(raw)
                 if read > limit:
-                    return None
+                    return first, None   # the attempt's part goes on past LIMIT: its last step is not read
                 for line in raw.decode("utf-8", "replace").replace("\r", "\n").splitlines():
                     found = progress_of(rx, line)
                     if found is not None and found[0] is not None:
-                        return found[0]
+                        first = found[0] if first is None else first
+                        final = found[0]
+                        if not last:
+                            return first, None
     except (OSError, re.error):
-        return None
-    return None
+        return first, None
+    return first, final
 
 
 def current(run_dir, run=None, hb=None):

@@ -67,6 +67,17 @@ DEFAULT_STALL_MINUTES = 30.0
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
 
 
+INTERPRETER_FILE = ".python"   # the node's real interpreter, recorded by `rgt_core.py --version --record-interpreter`
+
+# RGT_TRACE_STARTS=FILE: every toolkit process appends "pid TAB argv..." as it starts, to count what a command
+# costs in interpreter starts (a launch: three; tests/test_fast_paths.py).
+if os.environ.get("RGT_TRACE_STARTS"):
+    try:
+        with open(os.environ["RGT_TRACE_STARTS"], "a") as _trace:
+            _trace.write("\t".join([str(os.getpid())] + sys.argv) + "\n")
+    except OSError:
+        pass
+
 RawHelp = argparse.RawDescriptionHelpFormatter  # keeps a docstring's layout in --help
 EXIT_MEANINGS = (("0", "ok", "success"), ("1", "fail", "a check failed"), ("2", "usage", "usage or bad input"),
                  ("3", "refused", "a gate refused"))
@@ -946,10 +957,17 @@ def run_activity(run_dir):
     elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
         out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
     # which generation the results dir holds (the attempt whose verified sync wrote it), and the earlier ones kept
-    gen = read_json(os.path.join(run_dir, "generation.json")).get("attempt")
+    record = read_json(os.path.join(run_dir, "generation.json"))
+    gen = record.get("attempt")
     sync = status.get("sync") if isinstance(status.get("sync"), dict) else {}
     kept = [g for g in sync.get("generations") or [] if isinstance(g, str)]
-    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept}
+    # why each was kept (the attempt after it did not continue it): generation.json's list, and this attempt's
+    why = dict(record["kept"]) if isinstance(record.get("kept"), dict) else {}
+    last = sync.get("kept_generation")
+    if isinstance(last, dict) and isinstance(last.get("dir"), str):
+        why[last["dir"]] = last.get("why")
+    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept,
+                         "why": {d: str(why[d]) for d in kept if why.get(d)}}
     return out
 
 
@@ -1112,6 +1130,9 @@ def _main(argv=None):
     parser = Parser(prog="rgt_core.py", description="The node toolkit's shared core.",
                     epilog=exit_codes_epilog(fail=None, refused="the toolkit's files are not one version"))
     parser.add_argument("--version", action="store_true", help="print the toolkit version after checking it")
+    parser.add_argument("--record-interpreter", action="store_true",
+                        help="with --version: write this interpreter's path to %s beside the toolkit (rgt.py "
+                             "then skips a pyenv/conda shim on every later command)" % INTERPRETER_FILE)
     parser.add_argument("--run-state", metavar="RUN_DIR",
                         help="print whether any attempt of the run in RUN_DIR may still run (JSON; the gate asks)")
     parser.add_argument("--default", choices=sorted(DEFAULTS), metavar="NAME",
@@ -1129,6 +1150,8 @@ def _main(argv=None):
     problems = toolkit_problems()
     if problems:
         raise Refused("the toolkit in %s is not one version: %s" % (NODE_DIR, "; ".join(problems)))
+    if args.record_interpreter:
+        atomic_write(os.path.join(NODE_DIR, INTERPRETER_FILE), sys.executable + "\n")   # a venv keeps its own path
     print(toolkit_version())
     return EXIT_OK
 

@@ -4,9 +4,11 @@
 A number is only as trustworthy as the record of how it was made. This writes, beside run.json:
   python     version, implementation and executable of the JOB's interpreter (not this one's):
              asked by running that interpreter with a short probe, under a hard timeout
-  torch      torch version, the CUDA / HIP it was built with, the cuDNN version (null when torch
-             does not import there; {"error": ...} when importing it fails)
-  packages   name -> version from `<job python> -m pip list --format=json` (bounded)
+  torch      torch version and the CUDA / HIP it was built with (read from torch/version.py, never
+             imported), the cuDNN wheel's version when pip installed one (else null); null when
+             there is no torch there
+  packages   name -> version of every installed distribution, from the interpreter's own metadata
+             (importlib.metadata; `pip list` only for an interpreter older than 3.8)
   git        commit, branch, dirty (tracked changes), diff_sha256 and diff_bytes of the tracked
              changes (one fixed set of `git diff` flags, so the same tree gives the same hash on
              any machine), untracked files (count and the first names), the remote URL (no
@@ -26,8 +28,9 @@ Where the job's interpreter and cwd come from: --python / --cwd when given; else
 RUN_DIR (the launcher writes it: cmd[0] when it is a Python, else the #! line of the program
 cmd[0] names, e.g. torchrun's); else python3 on PATH and the current directory.
 
-launcher.py init starts this detached (`run_env.py .` in the run dir, output in env.log) so a
-launch never waits for or fails on it; RGT_NO_RUN_ENV=1 in the launcher's environment skips it.
+The supervisor records it in a thread as the job starts (errors in RUN_DIR/env.log), so a launch never waits
+for or fails on it, and the end-of-run sync waits for it (bounded) so env.json reaches the results; RGT_NO_RUN_ENV=1
+in the launcher's environment skips it.
 
 Usage:
   run_env.py RUN_DIR [--python EXE] [--cwd DIR] [--data PATH]... [--no-patch] [--timeout S] [--json]
@@ -81,26 +84,43 @@ KEY_PACKAGES = ("torch", "torchvision", "torchaudio", "numpy", "scipy", "transfo
                 "deepspeed", "peft", "trl", "timm", "lightning", "pytorch-lightning", "jax", "jaxlib",
                 "tensorflow", "xformers", "flash-attn", "triton", "vllm", "bitsandbytes", "scikit-learn")
 
-# Run by the job's interpreter (any Python 3): one JSON line on stdout.
+# Run by the job's interpreter (any Python 3): one JSON line on stdout. It never imports torch (seconds of
+# start-up, and a CUDA init on a busy GPU): torch/version.py is read as text; the packages come from the
+# installed distributions' metadata (Python 3.8+), the same list `pip list` prints, without pip's start-up.
 PROBE = r"""
-import json, platform, sys
+import json, os, platform, re, sys
 out = {"version": platform.python_version(), "implementation": platform.python_implementation(),
-       "executable": sys.executable, "prefix": sys.prefix}
+       "executable": sys.executable, "prefix": sys.prefix, "packages": None, "packages_error": None}
 try:
-    import torch
-    info = {"version": str(getattr(torch, "__version__", "")) or None,
-            "cuda": getattr(torch.version, "cuda", None), "hip": getattr(torch.version, "hip", None)}
-    try:
-        info["cudnn"] = torch.backends.cudnn.version()
-    except Exception:
-        info["cudnn"] = None
-    out["torch"] = info
+    from importlib import metadata
+    found = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found[name.lower().replace("_", "-")] = str(dist.version)
+    out["packages"] = found
 except ImportError:
-    out["torch"] = None
+    out["packages_error"] = "no importlib.metadata (Python < 3.8)"
 except Exception as exc:
-    out["torch"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    out["packages_error"] = "%s: %s" % (type(exc).__name__, exc)
+torch = None
+try:
+    from importlib.util import find_spec
+    spec = find_spec("torch")
+    if spec is not None and spec.submodule_search_locations:
+        values = {}
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as handle:
+            for line in handle:
+                m = re.match(r"(__version__|cuda|hip)\s*(?::[^=]*)?=\s*['\"]?([^'\"\s]*)", line)
+                if m:
+                    values[m.group(1)] = None if m.group(2) in ("", "None") else m.group(2)
+        torch = {"version": values.get("__version__"), "cuda": values.get("cuda"), "hip": values.get("hip")}
+except Exception as exc:
+    torch = {"error": "%s: %s" % (type(exc).__name__, exc)}
+out["torch"] = torch
 print(json.dumps(out))
 """
+CUDNN_PACKAGES = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11")
 
 
 def is_python_name(word):
@@ -145,13 +165,17 @@ def probe_python(python, timeout):
     res = core.run_bounded([python, "-c", PROBE], timeout)
     if res.rc != 0:
         why = res.error or ("timed out after %gs" % timeout if res.timed_out else res.output.strip()[-300:])
-        return {"executable": python, "error": why or "exit %s" % res.rc}, None
+        return {"executable": python, "error": why or "exit %s" % res.rc}, None, None
     try:
         info = json.loads(res.output.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"executable": python, "error": "the probe printed no JSON"}, None
+        return {"executable": python, "error": "the probe printed no JSON"}, None, None
     torch = info.pop("torch", None)
-    return info, torch
+    packages = info.pop("packages", None)
+    if isinstance(torch, dict) and "error" not in torch:   # cuDNN: the wheel torch depends on (pip installs)
+        torch["cudnn"] = next((packages[p] for p in CUDNN_PACKAGES if isinstance(packages, dict) and p in packages),
+                              None)
+    return info, torch, packages
 
 
 def pip_packages(python, timeout):
@@ -286,9 +310,13 @@ def record(run_dir, python=None, cwd=None, data=(), save_patch=True, timeout=60.
     exe, how = job_python(run, python)
     job_cwd = cwd or (run.get("cwd") if isinstance(run.get("cwd"), str) and os.path.isdir(run.get("cwd"))
                       else os.getcwd())
-    py, torch = probe_python(exe, timeout)
+    py, torch, packages = probe_python(exe, timeout)
     py["chosen_by"] = how
-    packages, pip_error = pip_packages(py.get("executable") or exe, timeout) if "error" not in py else (None, None)
+    pip_error = py.pop("packages_error", None)
+    if packages is None and "error" not in py:   # an interpreter older than 3.8: ask pip (slower)
+        packages, pip_error = pip_packages(py.get("executable") or exe, timeout)
+    elif isinstance(packages, dict) and len(packages) > PACKAGE_LIMIT:
+        packages = dict(sorted(packages.items())[:PACKAGE_LIMIT])
     doc = {"schema": SCHEMA, "recorded_at": core.utc_iso(), "host": socket.gethostname(), "cwd": os.path.abspath(job_cwd),
            "cmd": run.get("cmd") if isinstance(run.get("cmd"), list) else None,
            "python": py, "torch": torch, "packages": packages, "pip_error": pip_error,
@@ -365,16 +393,26 @@ def compare(new, old):
     return env, data
 
 
-def start_detached(run_dir):
-    """Start `run_env.py .` in RUN_DIR in its own session, output to RUN_DIR/env.log, and return at once
-    (what launcher.py init calls). None when RGT_NO_RUN_ENV=1, else the child's pid."""
+def start_thread(run_dir):
+    """Record RUN_DIR/env.json in a thread of the calling process (the supervisor's, as its job starts) ->
+    the thread, or None when RGT_NO_RUN_ENV=1. It never raises into the caller: a failure goes to env.log."""
     if os.environ.get("RGT_NO_RUN_ENV") == "1":
         return None
-    import subprocess
-    with open(os.path.join(run_dir, "env.log"), "ab") as log:
-        child = subprocess.Popen([sys.executable, "-E", "-S", os.path.abspath(__file__), "."], cwd=run_dir,
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-    return child.pid
+    import threading
+    import traceback
+
+    def work():
+        try:
+            record(run_dir)
+        except Exception:  # noqa: BLE001  (a record, never a reason for the run to fail)
+            try:
+                with open(os.path.join(run_dir, "env.log"), "a") as log:
+                    log.write(traceback.format_exc())
+            except OSError:
+                pass
+    thread = threading.Thread(target=work, name="run_env", daemon=True)
+    thread.start()
+    return thread
 
 
 def main(argv=None):

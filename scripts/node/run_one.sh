@@ -8,7 +8,8 @@
 #              [--poll-seconds S] [--require-gpu] [--gpu-timeout S] [--json]
 #              [--stop-signal TERM|INT|HUP|USR1|USR2|QUIT] [--resume-glob GLOB --resume-arg TEMPLATE]
 #              [--resume-from PATH]
-#              [--progress-regex RE] [--total-steps N] [--auto-resume [--max-attempts N]] -- CMD [ARGS...]
+#              [--progress-regex RE] [--total-steps N] [--auto-resume [--max-attempts N]]
+#              [--notify-events E1,E2,...] -- CMD [ARGS...]
 #
 # Adapters for training code we did not write (recorded in run.json, applied by the supervisor):
 #   --stop-signal SIG     what the job's process group gets on preemption or stop (default TERM; a
@@ -26,18 +27,22 @@
 #   --auto-resume         after a restart of the box, boot_resume.py relaunches this exact launch as
 #                         the next attempt (with the resume adapters above), at most --max-attempts
 #                         times in all (default 3); without it, boot_resume.py only re-arms the dead-man
+#   --notify-events LIST  the events this run sends (comma-separated: launched, first_progress, finished,
+#                         failed, ...; default: every event its notification targets take; run.json
+#                         notify_events; targets: rgt.py notify setup)
 #
-# In order: load the profile's defaults from profiles/index.json (variables already set in the
-# environment win; flags win over both) -> source PROXY_HOOK when it is an existing file (sourced,
-# never eval'd) -> refuse below the disk floor (free bytes AND inodes on DATA_DIR, DURABLE_DIR and
-# the run dir's filesystem) or when DURABLE_DIR/results is not writable -> with --require-gpu,
-# refuse when `nvidia-smi -L` lists no GPU or does not answer within --gpu-timeout seconds (15)
-# (a restart that came back with zero GPUs, or a hung driver, bills for nothing) -> create the run
-# dir and take its lock -> write run.json and status.json -> ARM THE DEAD-MAN (deadman.py next to
-# this script) -> start a detached supervisor (supervise.py, in tmux when installed, else in its
-# own session) that survives the SSH session, runs CMD in its own process group with output
-# appended to job.log, forwards SIGTERM/SIGINT/SIGHUP to that group as SIGTERM (spot grace),
-# waits until the WHOLE group is gone (a backgrounded writer finishes first), then syncs.
+# Two Python starts (launcher.py), so a job that exits at once is reported within a second or two:
+# PREPARE loads the profile's defaults from profiles/index.json (variables already set in the environment
+# win; flags win over both), refuses below the disk floor (free bytes AND inodes on DATA_DIR, DURABLE_DIR and
+# the run dir's filesystem) or when DURABLE_DIR/results is not writable, with --require-gpu refuses when
+# `nvidia-smi -L` lists no GPU or does not answer within --gpu-timeout seconds (15) (a restart that came back
+# with zero GPUs, or a hung driver, bills for nothing), then creates the run dir and takes its lock. The shell
+# then sources PROXY_HOOK when it is an existing file (sourced, never eval'd). START writes run.json and
+# status.json, ARMS THE DEAD-MAN (deadman.py's own code, forked from that process), starts a detached
+# supervisor (supervise.py, in tmux when installed, else in its own session) that survives the SSH session,
+# runs CMD in its own process group with output appended to job.log, forwards SIGTERM/SIGINT/SIGHUP to that
+# group as the run's stop signal (spot grace), waits until the WHOLE group is gone (a backgrounded writer
+# finishes first), then syncs (sync.py); START prints the report and, with --wait, waits for the end.
 #
 # The sync copies the --output globs (relative to the current directory; * and ** match dotfiles)
 # and the run's logs (job.log, supervisor.log, deadman.log -> logs/) to the results dir,
@@ -78,29 +83,13 @@ LAUNCH_ARGS=()   # this launch, word for word: what boot_resume.py replays after
 for word in "$@"; do LAUNCH_ARGS+=("--launch-arg=w:$word"); done  # "w:": argparse eats a bare "--" value
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SELF="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
-DEADMAN="$SCRIPT_DIR/deadman.py"
 LAUNCHER="$SCRIPT_DIR/launcher.py"
-PY=${RGT_PYTHON:-}
-resolve_python() {  # once: a pyenv/conda shim costs ~0.2 s a call; children inherit RGT_PYTHON
-  [ -n "$PY" ] && return 0
-  PY=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null) || PY=""
-  [ -n "$PY" ] || { printf '%s: error: python3 is not installed; run_one.sh needs Python 3.8+\n' "$PROG" >&2; exit 1; }
-  export RGT_PYTHON="$PY"
-}
+PY0=${RGT_PYTHON:-python3}   # prepare runs on this; it answers the real interpreter for the rest
 
 # launcher.py does the JSON and filesystem work (-E -S: no PYTHON* variables, no site-packages).
-sv() { "$PY" -E -S "$LAUNCHER" "$@"; }
 die() { printf '%s: error: %s\n' "$PROG" "$1" >&2; exit "${2:-2}"; }
 warn() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 is_num() { [[ "$1" =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]]; }
-pid_alive() {  # exists and is not a zombie
-  local stat
-  [ -n "${1:-}" ] || return 1
-  kill -0 "$1" 2>/dev/null || [ -d "/proc/$1" ] || return 1
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
-}
 
 usage() {
   sed -n '2,/^set -uo/p' "$SELF" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -129,6 +118,7 @@ while [ "$#" -gt 0 ]; do
     --deadman-arg) need_val "$@"; DM_EXTRA+=("$2"); shift 2 ;;
     --stop-signal|--resume-glob|--resume-arg|--resume-from|--progress-regex|--max-attempts|--total-steps)
       need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
+    --notify-events) need_val "$@"; ADAPT+=("$1=$2"); shift 2 ;;
     --auto-resume) ADAPT+=("--auto-resume"); shift ;;
     --deadman-dry-run) DM_DRY=1; shift ;;
     --no-deadman) NO_DM=1; shift ;;
@@ -155,29 +145,39 @@ if [ -n "$RUN_ID" ] && ! [[ "$RUN_ID" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$ ]]; t
   die "--run-id may hold letters, digits, '.', '_' and '-' (max 100), got '$RUN_ID'"
 fi
 
-resolve_python
-
 GLOB_ARGS=()   # --output / --allow-empty as --opt=VALUE, so a value can never read as an option
 for g in "${OUTPUTS[@]}"; do GLOB_ARGS+=("--output=$g"); done
 for g in "${ALLOW_EMPTY[@]}"; do GLOB_ARGS+=("--allow-empty=$g"); done
-if [ "${#GLOB_ARGS[@]}" -gt 0 ]; then sv check-patterns "${GLOB_ARGS[@]}" || exit "$?"; fi
 
-# ---------------------------------------------------------------------------------- profile
-PROFILE=${PROFILE:-${RGT_PROFILE:-}}
-if [ -n "$PROFILE" ]; then
-  defaults=$(sv profile "$PROFILE" | tr '\0' '\n') || exit "$?"
-  while IFS= read -r key && IFS= read -r value; do
-    case "$key" in
-      @index) export RGT_PROFILE_INDEX="$value"; continue ;;   # the dead-man reads the same index
-      DATA_DIR|DURABLE_DIR|HF_HOME|PROXY_HOOK|DISK_FLOOR_GB) ;;
-      *) continue ;;
-    esac
-    if [ -z "${!key:-}" ]; then
-      printf -v "$key" '%s' "$value"
-    fi
-  done <<<"$defaults"
-fi
-[ -n "$DURABLE_ARG" ] && DURABLE_DIR=$DURABLE_ARG
+# ---------------------------------------------------------------------------------- prepare
+# One Python start for everything that can refuse the launch: the globs, the profile's defaults (variables
+# already set in the environment win, flags win over both), where the run goes, the disk floor (free bytes AND
+# inodes on DATA_DIR, DURABLE_DIR and the run dir's filesystem; DURABLE_DIR/results writable), the GPU gate;
+# then the run dir and its lock (held for this shell's pid). It answers KEY NUL VALUE NUL pairs, among them the
+# real interpreter behind a pyenv/conda shim (PY), so the next start skips the shim.
+command -v "$PY0" >/dev/null 2>&1 ||
+  die "python3 is not installed (or RGT_PYTHON=$PY0 is not a program); run_one.sh needs Python 3.8+" 1
+prep=(prepare --launcher-pid "$$" "--profile=$PROFILE" "--run-id=$RUN_ID" "--run-dir=$RUN_DIR"
+      "--durable-dir=$DURABLE_ARG" "--tag=${CMD[0]}")
+[ -n "$FLOOR_ARG" ] && prep+=("--disk-floor-gb=$FLOOR_ARG")
+[ "$NEED_GPU" = 1 ] && prep+=(--require-gpu "--gpu-timeout=$GPU_TIMEOUT")
+settings=$("$PY0" -E -S "$LAUNCHER" "${prep[@]}" "${GLOB_ARGS[@]}" | tr '\0' '\n') || exit "$?"
+PY=""
+while IFS= read -r key && IFS= read -r value; do
+  case "$key" in
+    PY) PY=$value; export RGT_PYTHON="$value" ;;
+    PROFILE|RUN_ID|RUN_DIR|RESULTS_DIR) printf -v "$key" '%s' "$value" ;;
+    RGT_PROFILE_INDEX) [ -z "$PROFILE" ] || export RGT_PROFILE_INDEX="$value" ;;  # the dead-man reads the same index
+    DATA_DIR|DURABLE_DIR|HF_HOME|PROXY_HOOK) [ -z "$value" ] || printf -v "$key" '%s' "$value" ;;
+  esac
+done <<<"$settings"
+[ -n "$PY" ] && [ -n "$RUN_DIR" ] || die "launcher.py prepare answered nothing usable" 1
+LOCK="$RUN_DIR/run.lock"
+# shellcheck disable=SC2329  # invoked by the EXIT trap
+release_lock() {  # the supervisor writes its own pid into the lock when it takes the run over
+  if [ "$(cat "$LOCK/pid" 2>/dev/null)" = "$$" ]; then rm -rf "$LOCK"; fi
+}
+trap release_lock EXIT
 for var in DATA_DIR DURABLE_DIR HF_HOME; do
   if [ -n "${!var:-}" ]; then export "${var?}"; fi
 done
@@ -194,139 +194,26 @@ if [ -n "${PROXY_HOOK:-}" ]; then
   fi
 fi
 
-# ---------------------------------------------------------------------------------- where
-if [ -z "$RUN_ID" ]; then
-  if [ -n "$RUN_DIR" ]; then
-    RUN_ID=$(basename "$RUN_DIR")
-  else
-    tag=$(basename "${CMD[0]}" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-24)
-    RUN_ID="$(date -u +%Y%m%dT%H%M%SZ)-${tag}-$RANDOM"
-  fi
-  [[ "$RUN_ID" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$ ]] || RUN_ID="run-$(date -u +%Y%m%dT%H%M%SZ)-$RANDOM"
-fi
-if [ -z "$RUN_DIR" ]; then
-  [ -n "${DURABLE_DIR:-}" ] ||
-    die "no place for the run: pass --durable-dir DIR, --run-dir DIR, set DURABLE_DIR or --profile"
-  RUN_DIR="$DURABLE_DIR/runs/$RUN_ID"
-fi
-case "$RUN_DIR" in /*) ;; *) RUN_DIR="$PWD/$RUN_DIR" ;; esac
-if [ -n "${DURABLE_DIR:-}" ]; then
-  case "$DURABLE_DIR" in /*) ;; *) DURABLE_DIR="$PWD/$DURABLE_DIR" ;; esac
-  RESULTS_DIR="$DURABLE_DIR/results/$RUN_ID"
-else
-  RESULTS_DIR="$RUN_DIR/results"
-  [ "${#OUTPUTS[@]}" -eq 0 ] ||
-    warn "no DURABLE_DIR: the outputs are copied to $RESULTS_DIR, which is only as durable as the run dir"
-fi
-there=$RUN_DIR   # a file where the run dir must go is bad input, not a launch failure
-while [ ! -e "$there" ] && [ ! -L "$there" ]; do there=$(dirname "$there"); done
-[ -d "$there" ] || die "cannot use run dir $RUN_DIR: $there is not a directory"
-
-# ---------------------------------------------------------------------------------- gates
-# Unset floors are left to launcher.py disk, whose defaults are rgt_core's (the toolkit's one floor each).
-gate=(disk)
-FLOOR=${FLOOR_ARG:-${DISK_FLOOR_GB:-}}
-if [ -n "$FLOOR" ]; then
-  is_num "$FLOOR" || die "DISK_FLOOR_GB must be a number, got '$FLOOR'"
-  gate+=(--floor-gb "$FLOOR")
-fi
-INODE_FLOOR=${DISK_FLOOR_INODES:-}
-if [ -n "$INODE_FLOOR" ]; then
-  [[ "$INODE_FLOOR" =~ ^[0-9]+$ ]] || die "DISK_FLOOR_INODES must be an integer, got '$INODE_FLOOR'"
-  gate+=(--floor-inodes "$INODE_FLOOR")
-fi
-# the end-of-run sync writes here: a read-only or unwritable durable dir is refused now, not after the GPU hours
-[ -n "${DURABLE_DIR:-}" ] && gate+=("--writable=$DURABLE_DIR/results")
-gate_paths=("$RUN_DIR")
-[ -n "${DATA_DIR:-}" ] && gate_paths+=("$DATA_DIR")
-[ -n "${DURABLE_DIR:-}" ] && gate_paths+=("$DURABLE_DIR")
-sv "${gate[@]}" -- "${gate_paths[@]}" || exit "$?"
-
-# A GPU job on a box whose GPU is gone (a restart that found "0 GPUs", a hung driver) bills for nothing.
-if [ "$NEED_GPU" = 1 ]; then sv gpu-gate --timeout "$GPU_TIMEOUT" || exit "$?"; fi
-
-# ---------------------------------------------------------------------------------- run dir + lock
-mkdir_err=$(mkdir -p "$RUN_DIR" 2>&1) || die "cannot create run dir $RUN_DIR: ${mkdir_err##*: }" 1
-RUN_DIR=$(cd "$RUN_DIR" && pwd)
-LOCK="$RUN_DIR/run.lock"
-LOCK_MINE=0
-# shellcheck disable=SC2329  # invoked by the EXIT trap
-release_lock() {
-  if [ "$LOCK_MINE" = 1 ] && [ "$(cat "$LOCK/pid" 2>/dev/null)" = "$$" ]; then rm -rf "$LOCK"; fi
-  LOCK_MINE=0
-}
-trap release_lock EXIT
-for _attempt in 1 2 3 4 5; do
-  if mkdir "$LOCK" 2>/dev/null; then
-    printf '%s\n' "$$" >"$LOCK/pid"
-    LOCK_MINE=1
-    break
-  fi
-  owner=$(cat "$LOCK/pid" 2>/dev/null || true)
-  if [ -z "$owner" ]; then sleep 0.5; continue; fi   # being created right now
-  if pid_alive "$owner"; then
-    die "run dir $RUN_DIR is locked by live pid $owner (a run is using it); choose another --run-id" 3
-  fi
-  warn "reclaiming stale lock $LOCK (pid $owner is gone)"
-  mv "$LOCK" "$LOCK.stale.$$" 2>/dev/null && rm -rf "$LOCK.stale.$$"
-done
-[ "$LOCK_MINE" = 1 ] || die "could not take the lock $LOCK" 3
-
-DETACH=setsid
-command -v tmux >/dev/null 2>&1 && DETACH=tmux
-init=(init --run-dir "$RUN_DIR" --run-id "$RUN_ID" --cwd "$PWD" --results-dir "$RESULTS_DIR" --detach "$DETACH"
-      --launcher-pid "$$" "--profile=$PROFILE" "--durable-dir=${DURABLE_DIR:-}")
-[ "$NO_DM" = 1 ] || init+=(--check-deadman)
-sv "${init[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" "${LAUNCH_ARGS[@]}" -- "${CMD[@]}" || exit "$?"
-
-fail_launch() {  # MESSAGE EXIT: nothing ran, so leave a readable failed status and no dangling dead-man
-  sv fail --run-dir "$RUN_DIR" "--message=$1" &&
-    if [ -n "${DM_PID:-}" ]; then "$PY" "$DEADMAN" ack --run-dir "$RUN_DIR" --disarm >/dev/null 2>&1; fi
-  die "$1" "$2"
-}
-
-# ---------------------------------------------------------------------------------- dead-man
-DM_PID=""
+# ---------------------------------------------------------------------------------- start
+# One Python start for the rest: run.json and status.json, the dead-man (armed in that process: a fork, no new
+# interpreter), the supervisor (tmux or setsid; it records itself in status.json under a lock, so a job that
+# exits at once is reported with its own code), then the report (with --wait, the end). Whatever fails before
+# a supervisor claims the run leaves a failed status and no armed dead-man.
+start=(start --run-dir "$RUN_DIR" --run-id "$RUN_ID" --cwd "$PWD" --results-dir "$RESULTS_DIR" --launcher-pid "$$"
+       "--profile=$PROFILE" "--durable-dir=${DURABLE_DIR:-}" --poll-seconds "${POLL:-1}")
 if [ "$NO_DM" = 1 ]; then
-  warn "!!! --no-deadman: NOTHING on this node will stop the meter if the job hangs, ends or the node is forgotten !!!"
+  start+=(--no-deadman)
 else
-  dm_args=(arm --run-dir "$RUN_DIR")
-  [ -n "$PROFILE" ] && dm_args+=(--profile "$PROFILE")
-  [ -n "$STALL" ] && dm_args+=(--stall-minutes "$STALL")
-  [ -n "$GRACE" ] && dm_args+=(--grace-minutes "$GRACE")
-  [ -n "$MAXH" ] && dm_args+=(--max-hours "$MAXH")
-  [ -n "$POLL" ] && dm_args+=(--poll-seconds "$POLL")
-  [ "$DM_DRY" = 1 ] && dm_args+=(--dry-run)
-  dm_args+=("${DM_EXTRA[@]}")
-  DM_PID=$("$PY" "$DEADMAN" "${dm_args[@]}")
-  dm_rc=$?
-  if [ "$dm_rc" -ne 0 ] || ! [[ "$DM_PID" =~ ^[0-9]+$ ]]; then
-    DM_PID=""
-    [ "$dm_rc" -eq 2 ] && fail_launch "deadman.py rejected its arguments (see above); nothing was started" 2
-    fail_launch "the dead-man could not be armed (deadman.py exit $dm_rc); nothing was started" 3
-  fi
+  dm=()
+  [ -n "$PROFILE" ] && dm+=(--profile "$PROFILE")
+  [ -n "$STALL" ] && dm+=(--stall-minutes "$STALL")
+  [ -n "$GRACE" ] && dm+=(--grace-minutes "$GRACE")
+  [ -n "$MAXH" ] && dm+=(--max-hours "$MAXH")
+  [ -n "$POLL" ] && dm+=(--poll-seconds "$POLL")
+  [ "$DM_DRY" = 1 ] && dm+=(--dry-run)
+  for word in "${dm[@]}" "${DM_EXTRA[@]}"; do start+=("--deadman-arg=$word"); done
 fi
-
-# ---------------------------------------------------------------------------------- detach
-# launcher.py start returns once status.json records the supervisor (it may have finished already).
-# When it fails, `launcher.py fail` succeeds only if no supervisor ever claimed the run, in a locked
-# step after which none can: only then is disarming the dead-man safe.
-SAFE_ID=${RUN_ID//[.:]/_}
-if ! sv start --run-dir "$RUN_DIR" --detach "$DETACH" "--tmux-name=rgt-$SAFE_ID"; then
-  if sv fail --run-dir "$RUN_DIR" "--message=the supervisor did not start" && [ -n "$DM_PID" ]; then
-    "$PY" "$DEADMAN" ack --run-dir "$RUN_DIR" --disarm >/dev/null 2>&1
-  fi
-  exit 1
-fi
-LOCK_MINE=0   # the supervisor owns the lock now
-
-# ---------------------------------------------------------------------------------- report
-[ "${#OUTPUTS[@]}" -gt 0 ] ||
-  warn "no --output given: only the run's logs will be copied to $RESULTS_DIR when the job ends"
-report=(report --run-dir "$RUN_DIR" --poll-seconds "${POLL:-1}")
-[ -n "$DM_PID" ] && report+=(--deadman-pid "$DM_PID")
-[ "$DM_DRY" = 1 ] && report+=(--dry-run)
-[ "$WAIT" = 1 ] && report+=(--wait)
-[ "$JSON" = 1 ] && report+=(--json)
-sv "${report[@]}"
+[ "$WAIT" = 1 ] && start+=(--wait)
+[ "$JSON" = 1 ] && start+=(--json)
+"$PY" -E -S "$LAUNCHER" "${start[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" "${LAUNCH_ARGS[@]}" -- "${CMD[@]}"
 exit "$?"

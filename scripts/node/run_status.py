@@ -246,8 +246,12 @@ def sync_words(r):
     if not good:
         return "outputs NOT verified" + (": %s" % str(sync["error"])[:120] if sync.get("error") else "")
     kept = sync.get("kept_generation") if isinstance(sync.get("kept_generation"), dict) else None
-    gen = ("; generation %s replaced attempt %s's results, kept in %s" % (sync.get("generation"), kept.get("attempt"),
-                                                                         kept.get("dir")) if kept else "")
+    gen = ("; generation %s replaced attempt %s's results, kept in %s (%s)" % (
+        sync.get("generation"), kept.get("attempt"), kept.get("dir"), kept.get("why")) if kept else "")
+    unsure = sync.get("continuity") if isinstance(sync.get("continuity"), dict) else {}
+    if not kept and unsure.get("why") and unsure.get("continued") is None:
+        gen += "; replaced attempt %s's results as a resume from a step not known (no heartbeat step or " \
+               "--progress-regex line to compare)" % unsure.get("durable_attempt")
     if r.get("outputs_declared") is False:
         return "no outputs declared; logs synced and verified" + (" (%s)" % amount if amount else "") + gen
     return "outputs verified" + (" (%s)" % amount if amount else "") + gen
@@ -402,7 +406,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     if isinstance(sync, dict):
         r["sync"] = {k: sync.get(k) for k in ("ok", "verified", "error", "results_dir", "manifest", "file_count",
                                               "total_bytes", "kept_previous", "finished_at", "generation",
-                                              "kept_generation", "left_out")}
+                                              "kept_generation", "left_out", "step", "continuity")}
 
     # -- decide
     quiet_for = activity_age if activity_age is not None else (

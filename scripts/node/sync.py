@@ -11,7 +11,14 @@ Each copy is hashed while it is copied, fsynced and content-checked before it re
 changes during its copy, a zero-byte file (unless an allow-empty glob of the launch covers it) or a damaged checkpoint never
 replaces the previous durable copy: the old one stays and status.json sync.kept_previous says so. A later
 attempt that did not continue the earlier one never replaces its verified results: they are kept whole under
-DURABLE/generations/RID/<attempt>/ (sync.kept_generation). Then PULL_MANIFEST.json is built over the results
+DURABLE/generations/RID/<attempt>/ (sync.kept_generation). It did not continue it when it had no resume adapter,
+found no checkpoint, or resumed at a step below the one the results stand at from a checkpoint that is not this
+run's newest (a resume from the newest one continues the run, unless the trainer started at step 0 or 1:
+then it ignored its resume argument). Each sync records that step
+(sync.step, generation.json: this attempt's heartbeat.json, else its last job.log line the launch's progress
+regex matches); the attempt's first step (its supervisor's first look at heartbeat.json, else its first
+progress regex line) is compared with it; unknown steps count a resume as continuing (sync.continuity says
+which). Then PULL_MANIFEST.json is built over the results
 dir (evidence.build_manifest; roster = the outputs + the record + logs/**), which re-reads every copy. A full
 disk ends in sync_failed with the error recorded (a small reserve file in the run dir is given up so the final
 status can still be written).
@@ -35,6 +42,7 @@ import time
 import rgt_core as core
 import runrec
 import evidence
+import progress
 
 PROG = "sync.py"
 RUN = "run.json"
@@ -49,6 +57,9 @@ RUN_ENV_WAIT_SECONDS = 120  # run_env's own probes time out at 60 s each; it nor
 GLOB_CHARS = "*?["
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 PROGRESS_SECONDS = 30.0
+HEARTBEAT = "heartbeat.json"
+MTIME_SLACK = 0.05   # a file written just after the job started may carry an mtime a clock tick before it
+PROGRESS_SOURCE = "job.log (--progress-regex)"
 
 set_status = runrec.set_status
 
@@ -167,6 +178,39 @@ def copy_file(src, tmp, on_bytes=None):
     return size, digest
 
 
+def heartbeat_step(run_dir, since):
+    """The step in heartbeat.json when this attempt wrote it (changed at or after SINCE, its job's start),
+    else None: the file an earlier attempt left behind is not this attempt's progress."""
+    path = run_path(run_dir, HEARTBEAT)
+    ident = runrec.identity(path)
+    if ident is None or progress.num(since) is None or ident[1] / 1e9 < since - MTIME_SLACK:
+        return None
+    step = progress.num(core.read_json(path).get("step"))
+    return int(step) if step is not None and step >= 0 else None
+
+
+def attempt_steps(run_dir, meta, status):
+    """Where this attempt's progress started and where it stands -> (first, last), each {"step", "source"} or
+    None when unknown. First: the step its supervisor saw first in heartbeat.json (status.json first_step),
+    else its first --progress-regex line in job.log. Last: heartbeat.json as this attempt left it, else its
+    last --progress-regex line. The same readers as run_status.py (progress.py)."""
+    first = status.get("first_step") if isinstance(status.get("first_step"), dict) else None
+    if first is not None and progress.num(first.get("step")) is None:
+        first = None
+    last = None
+    step = heartbeat_step(run_dir, status.get("job_started_epoch"))
+    if step is not None:
+        last = {"step": step, "source": HEARTBEAT}
+    pattern = meta.get("progress_regex")
+    if pattern and (first is None or last is None):
+        low, high = progress.attempt_steps(run_path(run_dir, "job.log"), pattern)
+        if first is None and low is not None:
+            first = {"step": low, "source": PROGRESS_SOURCE}
+        if last is None and high is not None:
+            last = {"step": high, "source": PROGRESS_SOURCE}
+    return first, last
+
+
 def unlink_quiet(path):
     try:
         os.unlink(path)
@@ -177,9 +221,10 @@ def unlink_quiet(path):
 class Sync(object):
     """One end-of-run sync into the results dir; .run() -> the status.json "sync" object."""
 
-    def __init__(self, run_dir, note=None, own_only=False):
+    def __init__(self, run_dir, note=None, own_only=False, env_record=None):
         self.run_dir = run_dir
         self.own_only = own_only
+        self.env_record = env_record   # the supervisor's run_env thread, when it is the one syncing
         self.left_out = []
         self.meta = core.read_json(run_path(run_dir, RUN))
         self.results = self.meta.get("results_dir") or run_path(run_dir, "results")
@@ -262,14 +307,12 @@ class Sync(object):
             self.errors.append("%s: %s" % (rel, reason))
 
     def wait_for_run_env(self, limit=RUN_ENV_WAIT_SECONDS):
-        """A job that ended within seconds may beat run_env.py (started at launch) to the finish: give it up
-        to LIMIT seconds, so env.json and code.patch are part of the sync. Never longer: it is a record."""
-        ident = read_status(self.run_dir).get("run_env_identity")
-        deadline = time.monotonic() + limit
-        if ident and core.identity_alive(ident):
-            self.note("waiting up to %d s for run_env.py (pid %s) to finish env.json" % (limit, ident.get("pid")))
-            while core.identity_alive(ident) and time.monotonic() < deadline:
-                time.sleep(0.1)
+        """A job that ended within seconds may beat the environment record (run_env, started with the job) to
+        the finish: give it up to LIMIT seconds, so env.json and code.patch are part of the sync. Never longer:
+        it is a record."""
+        if self.env_record is not None and self.env_record.is_alive():
+            self.note("waiting up to %d s for the environment record (env.json)" % limit)
+            self.env_record.join(limit)
 
     def run(self):
         outputs = list(self.meta.get("outputs") or [])
@@ -283,6 +326,8 @@ class Sync(object):
         self.errors.extend(plan_errors)
         plan = self.own_plan(plan, outputs)
         doc.update(left_out=self.left_out, generation=self.meta.get("attempt") or 1, kept_generation=None)
+        # the step the results stand at once this sync lands (generation.json keeps it for the next attempt)
+        self.first_step, doc["step"] = attempt_steps(self.run_dir, self.meta, read_status(self.run_dir))
         if not self.keep_generation(doc):
             return self.done(doc)
         logs = [("logs/" + name, run_path(self.run_dir, name)) for name in LOG_NAMES
@@ -341,7 +386,7 @@ class Sync(object):
         return os.path.join(parent, "generations")
 
     def keep_generation(self, doc):
-        """Before a later attempt that did not resume (no checkpoint, or no resume adapter) replaces a verified
+        """Before a later attempt that did not continue the earlier one (see not_continued) replaces a verified
         durable copy, the copy is kept whole (hard links, else copies) in GENERATIONS/<its attempt>/ with its
         manifest, so it can be pulled and verified like any results dir. False when it could not be kept:
         nothing is replaced then."""
@@ -350,14 +395,13 @@ class Sync(object):
         last = core.read_json(run_path(self.run_dir, runrec.GENERATION))
         before = last.get("attempt") if isinstance(last.get("attempt"), int) else (attempt - 1 if attempt > 1
                                                                                     else None)
-        resume = read_status(self.run_dir).get("resume")
-        continued = isinstance(resume, dict) and bool(resume.get("from"))
         doc["generations"] = self.generation_list()
-        if before is None or before >= attempt or continued or not os.path.isfile(manifest):
+        if before is None or before >= attempt or not os.path.isfile(manifest):
+            return True
+        why = self.not_continued(doc, attempt, before, last)
+        if why is None:
             return True
         target = os.path.join(self.generations_dir(), str(before))
-        why = ("attempt %d %s, so its sync would replace attempt %d's verified results" % (
-            attempt, "had no resume adapter" if resume is None else "found no checkpoint to resume from", before))
         if os.path.isdir(target):
             doc["kept_generation"] = {"attempt": before, "dir": target, "why": why}
             return True
@@ -388,6 +432,50 @@ class Sync(object):
         self.note("kept generation %d (the verified results of attempt %d) in %s: %s" % (before, before, target, why))
         return True
 
+    def not_continued(self, doc, attempt, before, last):
+        """Why attempt ATTEMPT did not continue attempt BEFORE, whose verified results (generation.json LAST)
+        the results dir holds, or None when it did or when that cannot be told; doc["continuity"] says which.
+        It did not: it had no resume adapter, found no checkpoint, resumed from a checkpoint other than this
+        run's newest (an old one, or one given with --resume-from) at a step below the one the durable copy
+        stands at, or started at step 0 or 1 whatever it was given (a trainer that ignored its resume argument)."""
+        resume = read_status(self.run_dir).get("resume")
+        durable = progress.num(last.get("step"))
+        first = self.first_step
+        info = {"continued": None, "resumed_step": first and first["step"], "resumed_source": first and first["source"],
+                "durable_step": durable, "durable_source": last.get("step_source"), "durable_attempt": before}
+        doc["continuity"] = info
+        if not (isinstance(resume, dict) and resume.get("from")):
+            info.update(continued=False, why="attempt %d %s, so its sync would replace attempt %d's verified results"
+                        % (attempt, "had no resume adapter" if resume is None else
+                           "found no checkpoint to resume from", before))
+            return info["why"]
+        own = resume.get("newest_own") or resume.get("restored_from")
+        if own and not (first is not None and durable is not None and first["step"] <= 1 < durable):
+            # A trainer logs steps past its last save: after a crash its first step is below the durable copy's
+            # last one, yet it continues from this run's newest checkpoint. Only a start at step 0 or 1 says it
+            # ignored its resume argument.
+            info.update(continued=True, why="attempt %d resumed from %s, this run's newest checkpoint%s" % (
+                attempt, resume["from"], "" if first is None else " (first step %s)" % first["step"]))
+            return None
+        if durable is None or first is None:
+            unknown = [text for text, missing in (
+                ("attempt %d recorded no step with its results" % before, durable is None),
+                ("attempt %d showed no first step" % attempt, first is None)) if missing]
+            info["why"] = ("attempt %d resumed from %s; whether that continued attempt %d's step is unknown (%s: no "
+                           "heartbeat.json step or --progress-regex line), so it counts as continuing, as any resume "
+                           "from a checkpoint" % (attempt, resume["from"], before, "; ".join(unknown)))
+            self.note(info["why"])
+            return None
+        if first["step"] < durable:
+            info.update(continued=False, why=(
+                "attempt %d resumed at step %s (from %s), below the durable copy's step %s (attempt %d's): it did not "
+                "continue attempt %d, so its sync would replace attempt %d's verified results"
+                % (attempt, first["step"], resume["from"], durable, before, before, before)))
+            return info["why"]
+        info.update(continued=True, why="attempt %d resumed at step %s (from %s), at or past the durable copy's step "
+                    "%s (attempt %d's)" % (attempt, first["step"], resume["from"], durable, before))
+        return None
+
     def generation_list(self):
         root = self.generations_dir()
         try:
@@ -395,6 +483,14 @@ class Sync(object):
                     if n.isdigit()]
         except OSError:
             return []
+
+    def kept_generations(self, doc):
+        """{dir: why} of every generation of the run kept so far: generation.json's list, and this sync's."""
+        kept = core.read_json(run_path(self.run_dir, runrec.GENERATION)).get("kept")
+        kept = dict(kept) if isinstance(kept, dict) else {}
+        if isinstance(doc.get("kept_generation"), dict):
+            kept[doc["kept_generation"]["dir"]] = doc["kept_generation"]["why"]
+        return kept
 
     def write_manifest(self, doc, roster, run_id):
         try:
@@ -434,8 +530,10 @@ class Sync(object):
                     digest = hashlib.sha256(handle.read()).hexdigest()
             except OSError:
                 digest = None
+            step = doc.get("step") or {}
             core.write_json_best_effort(run_path(self.run_dir, runrec.GENERATION), {
                 "attempt": self.meta.get("attempt") or 1, "results_dir": self.results, "manifest_sha256": digest,
+                "step": step.get("step"), "step_source": step.get("source"), "kept": self.kept_generations(doc),
                 "at": core.utc_iso()})
         doc["error"] = "; ".join(self.errors) if self.errors else None
         doc["finished_at"] = core.utc_iso()
