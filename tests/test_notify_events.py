@@ -371,15 +371,13 @@ def test_notif_boot_resume_tells_what_the_boot_sweep_did(tmp_path, hook, box, op
     env = dict(box.env, RGT_NOTIFY_CONFIG=env["RGT_NOTIFY_CONFIG"], RGT_NOTIFY_SPOOL=env["RGT_NOTIFY_SPOOL"],
                GATE_FILE=str(gate))
     opts = ["--resume-glob", "out/*.txt", "--resume-arg", "--resume {}", "--deadman-dry-run", "--grace-minutes",
-            "0.01"] + (["--auto-resume"] if opted_in else [])
+            "0.01"] + (["--auto-resume"] if opted_in else []) + (["--notify-events", ",".join(run_events)]
+                                                                 if run_events else [])
     res = box.launch("boot", [sys.executable, "job.py"], *opts, env=env, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     run_dir = box.run_dir("boot")
     assert wait_for(lambda: (box.work / "out" / "ckpt.txt").exists(), 60)
     kill_everything_of(run_dir)
-    if run_events is not None:
-        run = read(run_dir / "run.json")
-        (run_dir / "run.json").write_text(json.dumps(dict(run, notify_events=run_events)))
     gate.unlink()
     boot = subprocess.run([sys.executable, str(NODE / "boot_resume.py"), "--runs-dir", str(box.durable / "runs"),
                            "--json"], env=env, capture_output=True, text=True, timeout=300)
@@ -407,23 +405,20 @@ def test_notif_runrec_notify_events_reads_the_runs_list(tmp_path, value, expecte
 
 
 def test_notif_a_run_that_wants_only_failed_hears_only_failed(tmp_path, hook):
-    """run.json notify_events ["failed"] (the job writes it, as the launch flag will): the supervisor then
-    tells nothing for a run that finished, and tells a run that failed."""
+    """run_one.sh --notify-events failed (run.json notify_events): the supervisor tells nothing for a run that
+    starts and finishes, and tells a run that failed."""
     heard, env = hook
     work = tmp_path / "work"
     work.mkdir()
-    choose = ("import json, os, sys; p = sys.argv[1]; d = json.load(open(p)); d['notify_events'] = ['failed']; "
-              "open(p + '.tmp', 'w').write(json.dumps(d)); os.replace(p + '.tmp', p); sys.exit(int(sys.argv[2]))")
     for rid, code in (("ok", "0"), ("bad", "3")):
-        run_json = tmp_path / "durable" / "runs" / rid / "run.json"
         res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir",
                               str(tmp_path / "durable"), "--run-id", rid, "--disk-floor-gb", "0", "--no-deadman",
-                              "--wait", "--", sys.executable, "-c", choose, str(run_json), code], cwd=str(work),
-                             capture_output=True, text=True, env=env, timeout=120)
+                              "--notify-events", "failed", "--wait", "--", "sh", "-c", "exit %s" % code],
+                             cwd=str(work), capture_output=True, text=True, env=env, timeout=120)
         assert "finished:" in res.stdout, res.stdout + res.stderr
-    # --wait returned after each supervisor's last message; "launched" may go before the job wrote its choice
-    ended = [(h["event"], h["fields"]["run_id"]) for h in heard if h["event"] != "launched"]
-    assert ended == [("failed", "bad")], heard
+        assert read(tmp_path / "durable" / "runs" / rid / "run.json")["notify_events"] == ["failed"]
+    # --wait returned after each supervisor's last message: what was sent is in
+    assert [(h["event"], h["fields"]["run_id"]) for h in heard] == [("failed", "bad")], heard
 
 
 def test_notif_the_dead_man_and_the_stop_engine_tell_only_the_runs_events(tmp_path, hook, dead_man):
