@@ -24,7 +24,6 @@ Usage:
 Exit codes: 0 everything listed is OK (or nothing is listed); 1 something is billing without a run, or a
 provider could not be read; 2 usage.
 """
-import argparse
 import math
 import os
 import sys
@@ -33,7 +32,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
-import providers as pv  # noqa: E402
 
 PROVIDERS = ("runpod", "vastai", "lambda", "paperspace")
 UNKNOWN, STOPPED, IDLE, OK = ("UNKNOWN TO THE LEDGER", "STOPPED, STORAGE BILLING", "RUNNING, NO ACTIVE RUN", "OK")
@@ -119,6 +117,7 @@ STORAGE_KINDS = ("network volume", "volume", "filesystem")
 
 def collect(environ=None, home=None, timeout=30.0, only=None):
     """(items, providers): every instance and storage object the laptop's credentials can see."""
+    import providers as pv   # here, not at the top: rgt.py imports this module for every command
     items, report = [], []
     for name in only or PROVIDERS:
         try:

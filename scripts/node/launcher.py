@@ -16,7 +16,8 @@ Usage:
       rgt_core.DEFAULT_DISK_FLOOR_GB; DISK_FLOOR_INODES, else rgt_core.DEFAULT_MIN_FREE_INODES), the GPU gate
       (`nvidia-smi -L` lists a GPU within S seconds, default 15), then the run dir and run.lock for PID.
       Prints KEY NUL VALUE NUL pairs: PY (this interpreter), PROFILE, RGT_PROFILE_INDEX, RUN_ID, RUN_DIR,
-      RESULTS_DIR, DATA_DIR, DURABLE_DIR, HF_HOME, PROXY_HOOK
+      RESULTS_DIR, FLOOR_GB and FLOOR_INODES (the floors this gate used; the dead-man's disk_low watch gets
+      the same), DATA_DIR, DURABLE_DIR, HF_HOME, PROXY_HOOK
   launcher.py start (the options of init, less --detach and --check-deadman) [--no-deadman]
                     [--deadman-arg WORD]... [--wait] [--poll-seconds S] [--json] -- CMD [ARGS...]
       init, then the dead-man (`deadman.py arm --run-dir D WORD...`, armed in this process: a fork), then
@@ -264,7 +265,8 @@ def op_prepare(args):
         raise core.CheckFailed("cannot create run dir %s: %s" % (run_dir, exc.strerror or exc))
     take_run_lock(run_dir, args.launcher_pid)
     pairs = [("PY", sys.executable), ("PROFILE", profile), ("RGT_PROFILE_INDEX", core.profile_index_path() or ""),
-             ("RUN_ID", rid), ("RUN_DIR", run_dir), ("RESULTS_DIR", results)]
+             ("RUN_ID", rid), ("RUN_DIR", run_dir), ("RESULTS_DIR", results),
+             ("FLOOR_GB", "%g" % floor_gb), ("FLOOR_INODES", "%d" % floor_inodes)]
     pairs += [(key, settings.get(key, "")) for key in PROFILE_KEYS if key != "DISK_FLOOR_GB"]
     out = getattr(sys.stdout, "buffer", sys.stdout)
     out.write("".join("%s\0%s\0" % pair for pair in pairs).encode("utf-8", "surrogateescape"))

@@ -162,11 +162,11 @@ prep=(prepare --launcher-pid "$$" "--profile=$PROFILE" "--run-id=$RUN_ID" "--run
 [ -n "$FLOOR_ARG" ] && prep+=("--disk-floor-gb=$FLOOR_ARG")
 [ "$NEED_GPU" = 1 ] && prep+=(--require-gpu "--gpu-timeout=$GPU_TIMEOUT")
 settings=$("$PY0" -E -S "$LAUNCHER" "${prep[@]}" "${GLOB_ARGS[@]}" | tr '\0' '\n') || exit "$?"
-PY=""
+PY="" FLOOR_GB="" FLOOR_INODES=""
 while IFS= read -r key && IFS= read -r value; do
   case "$key" in
     PY) PY=$value; export RGT_PYTHON="$value" ;;
-    PROFILE|RUN_ID|RUN_DIR|RESULTS_DIR) printf -v "$key" '%s' "$value" ;;
+    PROFILE|RUN_ID|RUN_DIR|RESULTS_DIR|FLOOR_GB|FLOOR_INODES) printf -v "$key" '%s' "$value" ;;
     RGT_PROFILE_INDEX) [ -z "$PROFILE" ] || export RGT_PROFILE_INDEX="$value" ;;  # the dead-man reads the same index
     DATA_DIR|DURABLE_DIR|HF_HOME|PROXY_HOOK) [ -z "$value" ] || printf -v "$key" '%s' "$value" ;;
   esac
@@ -211,6 +211,8 @@ else
   [ -n "$MAXH" ] && dm+=(--max-hours "$MAXH")
   [ -n "$POLL" ] && dm+=(--poll-seconds "$POLL")
   [ "$DM_DRY" = 1 ] && dm+=(--dry-run)
+  # the dead-man tells disk_low below the floor this launch was gated on
+  dm+=("--disk-floor-gb=$FLOOR_GB" "--disk-floor-inodes=$FLOOR_INODES")
   for word in "${dm[@]}" "${DM_EXTRA[@]}"; do start+=("--deadman-arg=$word"); done
 fi
 [ "$WAIT" = 1 ] && start+=(--wait)
