@@ -23,8 +23,6 @@ import os
 import re
 import stat
 import struct
-import zipfile
-from concurrent.futures import ThreadPoolExecutor
 
 import rgt_core as core
 
@@ -67,6 +65,7 @@ def content_check(path, rel=None):
         return None, None  # the zero-byte rule is applied by the caller against allow_empty
     if head[:4] == b"PK\x03\x04" and name.endswith((".pt", ".pth", ".ckpt", ".bin", ".tar", ".zip")):
         try:
+            import zipfile   # here: every node tool imports this module, few read a zip
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
         except (zipfile.BadZipFile, OSError, ValueError) as exc:
@@ -358,6 +357,7 @@ def build_manifest(root, patterns, run_id, allow_empty=(), skip=(), jobs=4, bufs
         return rel, entry, None
 
     entries = []
+    from concurrent.futures import ThreadPoolExecutor   # only where files are hashed (not at import)
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(order)))) as pool:
         for _rel, entry, bad in pool.map(work, order):
             if bad:
@@ -585,6 +585,7 @@ def verify_tree(root, manifest, jobs=4, skip_partial=True, label="verifying", pr
         except (OSError, ValueError) as exc:
             return rel, "", getattr(exc, "strerror", None) or str(exc)
 
+    from concurrent.futures import ThreadPoolExecutor
     pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(to_hash) or 1)))
     futures = [pool.submit(work, rel) for rel in to_hash]
     try:
