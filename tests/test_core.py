@@ -1,6 +1,8 @@
 """Each contract of the shared core (scripts/node/rgt_core.py), tested once, directly."""
 import json
 import os
+import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -126,9 +128,18 @@ def test_group_alive_follows_every_member():
 
 def test_run_bounded_holds_its_timeout_against_a_detached_child(tmp_path):
     """The child escapes into its own session but keeps stdout: the timeout still holds."""
-    res = core.run_bounded(["bash", "-c", "setsid sleep 60 & sleep 60"], timeout=1.0, kill_grace=0.5)
-    assert res.timed_out and res.rc is None
-    assert res.seconds < 20
+    pidfile = tmp_path / "escaped.pid"
+    script = "setsid sh -c 'echo $$ > \"$0\"; exec sleep 60' %s & sleep 60" % shlex.quote(str(pidfile))
+    try:
+        res = core.run_bounded(["bash", "-c", script], timeout=1.0, kill_grace=0.5)
+        assert res.timed_out and res.rc is None
+        assert res.seconds < 20
+    finally:   # the escaped child is the test's own: it must not outlive the test
+        if pidfile.exists() and pidfile.read_text().strip().isdigit():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def test_run_bounded_reports_code_output_and_missing_binary():

@@ -68,7 +68,7 @@ import evidence
 PROG = "run_one.sh"
 STATUS = "status.json"
 RUN = "run.json"
-LOCK_DIR = "run.lock"
+LOCK_DIR = runrec.RUN_LOCK
 TERMINAL = runrec.TERMINAL
 RAW_ARGV = runrec.RAW_ARGV
 START_TIMEOUT = 120.0  # generous: a loaded box starts Python slowly
@@ -76,34 +76,8 @@ SUPERVISE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "supervise.
 
 status_lock, save_status, set_status = runrec.status_lock, runrec.save_status, runrec.set_status
 attempt_number = runrec.attempt_number
-
-
-def run_path(run_dir, name):
-    return os.path.join(run_dir, name)
-
-
-def say(line):
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
-def read_status(run_dir):
-    return runrec.status(run_dir)
-
-
-def lock_owner(run_dir):
-    try:
-        with open(os.path.join(run_dir, LOCK_DIR, "pid")) as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
-
-
-def unlink_quiet(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+run_path, say, read_status = runrec.path, core.say, runrec.status   # one copy each (runrec, rgt_core)
+lock_owner, unlink_quiet = runrec.lock_owner, core.unlink_quiet
 
 
 # ---------------------------------------------------------------- launch steps
@@ -371,7 +345,6 @@ def op_init(args):
     with open(run_path(run_dir, "job.log"), "ab"):
         pass
     return 0
-
 
 
 def give_up(run_dir, message):

@@ -131,6 +131,19 @@ def prog_name():
     return os.path.basename(sys.argv[0]) or "rgt"
 
 
+def say(line):
+    """One line on stderr, flushed (the node tools' progress and gate lines)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def unlink_quiet(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def say_error(message, prog=None):
     """The one error line: '<prog>: error: <message>' on stderr, newlines folded."""
     text = " ".join(str(message).split("\n"))

@@ -30,6 +30,7 @@ PREVIOUS = "previous"
 # The launch word for word when it carries a URL credential (a presigned data URL, https://user:token@): 0600, in
 # the run dir only, never synced, read by the supervisor and boot_resume.py's replay; run.json holds it scrubbed.
 RAW_ARGV = ".launch-argv.json"
+RUN_LOCK = "run.lock"   # a dir holding the pid of the launcher, then of the supervisor
 # What the watchers already told about this run (first_progress per attempt, a disk still low), so a re-armed
 # dead-man does not tell it again. Written by the dead-man only; no secret in it.
 NOTIFIED = "notified.json"
@@ -106,6 +107,15 @@ def liveness(doc, fallback_pid=None, fallback_identity=None):
 def is_active(doc):
     """Active state and its supervisor or job still that same process."""
     return doc.get("state") in ACTIVE and core.attempt_alive(doc)
+
+
+def lock_owner(run_dir):
+    """The pid (text) written in RUN_DIR/run.lock, or "" when there is none."""
+    try:
+        with open(os.path.join(run_dir, RUN_LOCK, "pid")) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
 
 
 def raw_launch(run_dir, run):

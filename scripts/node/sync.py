@@ -62,19 +62,8 @@ MTIME_SLACK = 0.05   # a file written just after the job started may carry an mt
 PROGRESS_SOURCE = "job.log (--progress-regex)"
 
 set_status = runrec.set_status
-
-
-def run_path(run_dir, name):
-    return os.path.join(run_dir, name)
-
-
-def say(line):
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-
-
-def read_status(run_dir):
-    return runrec.status(run_dir)
+run_path, say, read_status = runrec.path, core.say, runrec.status   # one copy each (runrec, rgt_core)
+unlink_quiet = core.unlink_quiet
 
 
 def split_literal(pattern):
@@ -209,13 +198,6 @@ def attempt_steps(run_dir, meta, status):
         if last is None and high is not None:
             last = {"step": high, "source": PROGRESS_SOURCE}
     return first, last
-
-
-def unlink_quiet(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 class Sync(object):
@@ -543,7 +525,6 @@ class Sync(object):
         else:
             self.note("SYNC FAILED: %s" % doc["error"])
         return doc
-
 
 
 def op_sync(args):
