@@ -235,10 +235,12 @@ class Demo:
             subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(run_dir),
                             "--disarm"], capture_output=True, env=self.env)
             try:  # a disarmed dead-man exits at its next poll; the demo does not wait for that
-                dm_pid = int(json.loads((run_dir / "deadman.json").read_text()).get("pid") or 0)
-                if dm_pid and b"deadman.py" in Path(f"/proc/{dm_pid}/cmdline").read_bytes():
-                    os.kill(dm_pid, signal.SIGTERM)
-            except (OSError, ValueError, json.JSONDecodeError):
+                sys.path.insert(0, str(NODE))
+                import rgt_core   # its recorded identity, not its command line, says it is still that dead-man
+                watched = rgt_core.deadman_state(str(run_dir))
+                if watched.get("watching") and watched.get("pid"):
+                    os.kill(int(watched["pid"]), signal.SIGTERM)
+            except (OSError, ValueError, ImportError):
                 pass
             try:
                 pid = int(json.loads((run_dir / "status.json").read_text()).get("job_pid") or 0)

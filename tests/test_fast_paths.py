@@ -333,3 +333,23 @@ def test_finding_review_R3_a_launch_costs_three_interpreter_starts(tmp_path):
     tools = [(os.path.basename(argv[1]), argv[2] if len(argv) > 2 else "") for argv in starts]
     assert [t for t, _ in tools] == ["launcher.py", "launcher.py", "supervise.py"], tools
     assert [op for t, op in tools if t == "launcher.py"] == ["prepare", "start"]
+
+
+def test_finding_review_R3_the_dead_man_forked_from_start_never_carries_the_jobs_words(tmp_path):
+    """The dead-man is a fork of `launcher.py start`: the job's words reach start on stdin, so `pgrep -f WORD`
+    (or a `pkill -f train.py` the docs warn about) never finds the dead-man, while run.json keeps the whole
+    launch word for word for the replay after a restart."""
+    work = tmp_path / "work"
+    work.mkdir()
+    marker = "unique-job-word-%d" % os.getpid()
+    res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--durable-dir", str(tmp_path / "durable"),
+                          "--run-id", "words", "--deadman-dry-run", "--wait", "--json", "--", "sh", "-c",
+                          "exit 0", marker, ""], cwd=str(work), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-600:]
+    report = json.loads(res.stdout)
+    dm_pid = report["deadman"]["pid"]
+    cmdline = Path("/proc/%d/cmdline" % dm_pid).read_bytes()
+    assert cmdline and marker.encode() not in cmdline, cmdline
+    run = json.loads((tmp_path / "durable" / "runs" / "words" / "run.json").read_text())
+    assert run["cmd"] == ["sh", "-c", "exit 0", marker, ""]
+    assert run["launch_argv"][-6:] == ["--", "sh", "-c", "exit 0", marker, ""], run["launch_argv"]

@@ -19,11 +19,13 @@ Usage:
       RESULTS_DIR, FLOOR_GB and FLOOR_INODES (the floors this gate used; the dead-man's disk_low watch gets
       the same), DATA_DIR, DURABLE_DIR, HF_HOME, PROXY_HOOK
   launcher.py start (the options of init, less --detach and --check-deadman) [--no-deadman]
-                    [--deadman-arg WORD]... [--wait] [--poll-seconds S] [--json] -- CMD [ARGS...]
+                    [--deadman-arg WORD]... [--wait] [--poll-seconds S] [--json] (-- CMD [ARGS...] | --words-on-stdin)
       init, then the dead-man (`deadman.py arm --run-dir D WORD...`, armed in this process: a fork), then
       the supervisor (in tmux when it is installed, else setsid; it must record itself in status.json
       within 120 s), then the report; whatever fails before a supervisor claims the run marks it failed
-      and disarms the dead-man
+      and disarms the dead-man. With --words-on-stdin the launch's words and the job's come on stdin
+      (NUL-terminated: their count, the launch's words, the job's), never in argv: the dead-man is a fork of
+      this process, and `pgrep -f train.py` or `pkill -f train.py` must not find it
   launcher.py init --run-dir D --run-id ID --cwd DIR --results-dir R --detach tmux|setsid
                    --launcher-pid PID [--profile NAME] [--durable-dir DIR] [--check-deadman]
                    [--output GLOB]... [--allow-empty GLOB]... [--stop-signal SIG]
@@ -644,6 +646,17 @@ def report_options(p):
     p.add_argument("--json", action="store_true")
 
 
+def words_from_stdin():
+    """(launch words, job words) from stdin: NUL-terminated words, the first the number of launch words. The
+    job never appears in start's argv, so neither in its fork, the dead-man's (`pgrep -f train.py` stays true)."""
+    data = getattr(sys.stdin, "buffer", sys.stdin).read()
+    words = [w.decode("utf-8", "surrogateescape") for w in data.split(b"\0")[:-1]]
+    if not words or not words[0].isdigit() or int(words[0]) > len(words) - 1:
+        raise core.UsageError("--words-on-stdin: stdin holds no launch (a count, then NUL-terminated words)")
+    count = int(words[0])
+    return ["w:" + w for w in words[1:1 + count]], words[1 + count:]
+
+
 def build_parser():
     parser = core.Parser(prog="launcher.py", description="The Python half of run_one.sh (see the module docstring).")
     sub = parser.add_subparsers(dest="op", parser_class=core.Parser)
@@ -661,6 +674,7 @@ def build_parser():
     run_record_options(p)
     p.add_argument("--no-deadman", action="store_true")
     p.add_argument("--deadman-arg", action="append", default=[])
+    p.add_argument("--words-on-stdin", action="store_true")
     report_options(p)
     p = sub.add_parser("init", help="write run.json and status.json")
     run_record_options(p)
@@ -693,6 +707,8 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.op in ("init", "start"):
         args.cmd = rest
+    if getattr(args, "words_on_stdin", False):
+        args.launch_arg, args.cmd = words_from_stdin()
     return OPS[args.op](args)
 
 

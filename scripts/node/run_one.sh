@@ -79,8 +79,7 @@
 set -uo pipefail
 
 PROG=run_one.sh
-LAUNCH_ARGS=()   # this launch, word for word: what boot_resume.py replays after a restart
-for word in "$@"; do LAUNCH_ARGS+=("--launch-arg=w:$word"); done  # "w:": argparse eats a bare "--" value
+LAUNCH_WORDS=("$@")   # this launch, word for word: what boot_resume.py replays after a restart
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SELF="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
 LAUNCHER="$SCRIPT_DIR/launcher.py"
@@ -217,5 +216,8 @@ else
 fi
 [ "$WAIT" = 1 ] && start+=(--wait)
 [ "$JSON" = 1 ] && start+=(--json)
-"$PY" -E -S "$LAUNCHER" "${start[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" "${LAUNCH_ARGS[@]}" -- "${CMD[@]}"
+# The job's words and this launch's reach start on its stdin (NUL-separated: a count, the launch, the job), not
+# its argv: the dead-man is a fork of start, and a `pgrep -f train.py` / `pkill -f train.py` must never match it.
+{ printf '%s\0' "${#LAUNCH_WORDS[@]}" "${LAUNCH_WORDS[@]}" "${CMD[@]}"; } |
+  "$PY" -E -S "$LAUNCHER" "${start[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" --words-on-stdin
 exit "$?"
