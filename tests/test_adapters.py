@@ -147,11 +147,13 @@ def test_adapter_arguments_are_checked_at_launch(tmp_path, box):  # noqa: F811
     for opts, fragment in ((["--resume-glob", "out/*.pt"], "go together"),
                            (["--progress-regex", "step ("], "does not compile"),
                            (["--progress-regex", "no groups"], "needs a group"),
-                           (["--stop-signal", "KILL"], "invalid choice")):
+                           (["--stop-signal", "KILL"], "invalid choice"),
+                           (["--notify-events", "launched,nope"], "unknown event(s) nope")):
         res = subprocess.run(["bash", str(NODE / "run_one.sh"), "--profile", "testbox", "--run-id", "bad",
                               "--no-deadman", *opts, "--", "true"], cwd=str(box.work), env=box.env,
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2 and fragment in res.stderr and "Traceback" not in res.stderr, (opts, res.stderr)
+        assert not box.run_dir("bad").exists(), "a refused launch wrote nothing (%s)" % opts
 
 
 PERIODIC = r'''

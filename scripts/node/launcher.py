@@ -8,9 +8,9 @@ then, after the shell sourced the proxy hook, `start`. Python 3.8+, standard lib
 Usage:
   launcher.py prepare --launcher-pid PID [--profile NAME] [--run-id ID] [--run-dir D] [--durable-dir D]
                       [--tag WORD] [--disk-floor-gb N] [--require-gpu [--gpu-timeout S]]
-                      [--output GLOB]... [--allow-empty GLOB]...
+                      [--output GLOB]... [--allow-empty GLOB]... [the adapter options of init]
       everything that can refuse a launch before anything is written: the globs (exit 2 when one is absolute,
-      has '..' or is empty), the profile's defaults (a variable set in the environment wins, a flag over both),
+      has '..' or is empty), the adapters (exit 2), the profile's defaults (a variable set in the environment wins, a flag over both),
       the run id and dir, the disk gate (free bytes AND inodes of each filesystem of the run dir, DATA_DIR and
       DURABLE_DIR; a write probe in DURABLE_DIR/results; the floor: --disk-floor-gb, else DISK_FLOOR_GB, else
       rgt_core.DEFAULT_DISK_FLOOR_GB; DISK_FLOOR_INODES, else rgt_core.DEFAULT_MIN_FREE_INODES), the GPU gate
@@ -201,6 +201,7 @@ def op_prepare(args):
     goes, the disk and GPU gates; then the run dir and its lock. Prints KEY NUL VALUE NUL pairs for run_one.sh."""
     normal_patterns(args.output, "--output")
     normal_patterns(args.allow_empty, "--allow-empty")
+    check_adapters(args)   # a wrong adapter is refused before a run dir exists
     profile = args.profile or os.environ.get("RGT_PROFILE") or ""
     settings = profile_settings(profile, os.environ)
     if args.durable_dir:
@@ -626,6 +627,14 @@ def run_record_options(p):
     p.add_argument("--launcher-pid", type=int, required=True)
     p.add_argument("--profile", default="")
     p.add_argument("--durable-dir", default="")
+    adapter_options(p)
+    p.add_argument("--launch-arg", action="append", default=[])
+    p.add_argument("--output", action="append", default=[])
+    p.add_argument("--allow-empty", action="append", default=[])
+
+
+def adapter_options(p):
+    """The adapters for a trainer we did not write (prepare checks them, init records them)."""
     p.add_argument("--stop-signal", choices=STOP_SIGNALS, default="TERM")
     p.add_argument("--resume-glob", default="")
     p.add_argument("--resume-arg", default="")
@@ -633,11 +642,8 @@ def run_record_options(p):
     p.add_argument("--progress-regex", default="")
     p.add_argument("--auto-resume", action="store_true")
     p.add_argument("--max-attempts", type=int, default=3)
-    p.add_argument("--launch-arg", action="append", default=[])
     p.add_argument("--total-steps", type=core.arg_number(int, 1, 1e15), default=None)
     p.add_argument("--notify-events", default="")
-    p.add_argument("--output", action="append", default=[])
-    p.add_argument("--allow-empty", action="append", default=[])
 
 
 def report_options(p):
@@ -670,6 +676,7 @@ def build_parser():
     p.add_argument("--launcher-pid", type=int, required=True)
     p.add_argument("--output", action="append", default=[])
     p.add_argument("--allow-empty", action="append", default=[])
+    adapter_options(p)
     p = sub.add_parser("start", help="the run record, the dead-man, the supervisor and the report")
     run_record_options(p)
     p.add_argument("--no-deadman", action="store_true")

@@ -149,7 +149,7 @@ for g in "${OUTPUTS[@]}"; do GLOB_ARGS+=("--output=$g"); done
 for g in "${ALLOW_EMPTY[@]}"; do GLOB_ARGS+=("--allow-empty=$g"); done
 
 # ---------------------------------------------------------------------------------- prepare
-# One Python start for everything that can refuse the launch: the globs, the profile's defaults (variables
+# One Python start for everything that can refuse the launch: the globs, the adapters, the profile's defaults (variables
 # already set in the environment win, flags win over both), where the run goes, the disk floor (free bytes AND
 # inodes on DATA_DIR, DURABLE_DIR and the run dir's filesystem; DURABLE_DIR/results writable), the GPU gate;
 # then the run dir and its lock (held for this shell's pid). It answers KEY NUL VALUE NUL pairs, among them the
@@ -160,7 +160,7 @@ prep=(prepare --launcher-pid "$$" "--profile=$PROFILE" "--run-id=$RUN_ID" "--run
       "--durable-dir=$DURABLE_ARG" "--tag=${CMD[0]}")
 [ -n "$FLOOR_ARG" ] && prep+=("--disk-floor-gb=$FLOOR_ARG")
 [ "$NEED_GPU" = 1 ] && prep+=(--require-gpu "--gpu-timeout=$GPU_TIMEOUT")
-settings=$("$PY0" -E -S "$LAUNCHER" "${prep[@]}" "${GLOB_ARGS[@]}" | tr '\0' '\n') || exit "$?"
+settings=$("$PY0" -E -S "$LAUNCHER" "${prep[@]}" "${GLOB_ARGS[@]}" "${ADAPT[@]}" | tr '\0' '\n') || exit "$?"
 PY="" FLOOR_GB="" FLOOR_INODES=""
 while IFS= read -r key && IFS= read -r value; do
   case "$key" in
