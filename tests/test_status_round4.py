@@ -152,33 +152,32 @@ def test_finding_newcomer_4_the_attempt_marker_is_found_across_read_chunks(tmp_p
 
 # ---------------------------------------------------------------- field R15: dry-run dead-men
 
+def fire_dry_run(tmp_path, status, *watch):
+    """A foreground dry-run dead-man (stop `true`, a 600 s poll unless WATCH says) over a run whose status.json
+    is STATUS -> its DEADMAN_FIRED.json, once it has fired and exited."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps(status))
+    res = subprocess.run([sys.executable, str(DEADMAN), "arm", "--run-dir", str(run), "--foreground", "--dry-run",
+                          "--stop-cmd", "true", *watch], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-500:]
+    return json.loads((run / "DEADMAN_FIRED.json").read_text())
+
+
 def test_finding_field_R15_a_dead_man_fires_when_its_grace_runs_out_not_a_poll_later(tmp_path):
     """The field's smoke runs asked for a short grace and kept the default 30 s poll: the firing waited for
     the next poll. Here the poll is 600 s and the grace 1.2 s: the firing must not wait for the poll."""
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "status.json").write_text(json.dumps({"run_id": "r15", "state": "succeeded", "exit_code": 0,
-                                                 "ended_at": iso(time.time())}))
-    res = subprocess.run([sys.executable, str(DEADMAN), "arm", "--run-dir", str(run), "--foreground", "--dry-run",
-                          "--stop-cmd", "true", "--grace-minutes", "0.02", "--poll-seconds", "600"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-500:]
-    fired = json.loads((run / "DEADMAN_FIRED.json").read_text())
+    fired = fire_dry_run(tmp_path, {"run_id": "r15", "state": "succeeded", "exit_code": 0,
+                                    "ended_at": iso(time.time())}, "--grace-minutes", "0.02", "--poll-seconds", "600")
     assert fired["reason"] == "job_ended" and fired["dry_run"] is True and fired["would_run"] == "true"
 
 
 def test_finding_field_R15_a_stall_and_an_idle_box_fire_on_time_too(tmp_path):
     import os
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "status.json").write_text(json.dumps({"run_id": "r15s", "state": "running", "job_pid": os.getpid(),
-                                                 "job_identity": core.process_identity(os.getpid()),
-                                                 "started_at": iso(time.time())}))
-    res = subprocess.run([sys.executable, str(DEADMAN), "arm", "--run-dir", str(run), "--foreground", "--dry-run",
-                          "--stop-cmd", "true", "--stall-minutes", "0.02", "--poll-seconds", "600"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-500:]
-    assert json.loads((run / "DEADMAN_FIRED.json").read_text())["reason"] == "stall"
+    fired = fire_dry_run(tmp_path, {"run_id": "r15s", "state": "running", "job_pid": os.getpid(),
+                                    "job_identity": core.process_identity(os.getpid()),
+                                    "started_at": iso(time.time())}, "--stall-minutes", "0.02", "--poll-seconds", "600")
+    assert fired["reason"] == "stall"
     watch = tmp_path / "idle"
     res = subprocess.run([sys.executable, str(IDLE), "arm", "--watch-dir", str(watch), "--foreground", "--dry-run",
                           "--stop-cmd", "true", "--no-gpu", "--ignore-ssh", "--idle-minutes", "0.02",
@@ -188,16 +187,10 @@ def test_finding_field_R15_a_stall_and_an_idle_box_fire_on_time_too(tmp_path):
 
 
 def test_finding_field_R15_a_dry_run_firing_never_reads_as_a_failed_stop(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "status.json").write_text(json.dumps({"run_id": "r15d", "state": "succeeded", "exit_code": 0,
-                                                 "ended_at": iso(time.time())}))
-    res = subprocess.run([sys.executable, str(DEADMAN), "arm", "--run-dir", str(run), "--foreground", "--dry-run",
-                          "--stop-cmd", "true", "--grace-minutes", "0", "--poll-seconds", "0.05"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-500:]
-    fired = json.loads((run / "DEADMAN_FIRED.json").read_text())
+    fired = fire_dry_run(tmp_path, {"run_id": "r15d", "state": "succeeded", "exit_code": 0,
+                                    "ended_at": iso(time.time())}, "--grace-minutes", "0", "--poll-seconds", "0.05")
     assert fired["dry_run"] is True and fired["ok"] is False     # the record: nothing ran, so nothing succeeded
+    run = tmp_path / "run"
     line = status_json(run)["line"]
     assert "dry run (nothing was stopped)" in line and "FAILED" not in line, line
     st = subprocess.run([sys.executable, str(DEADMAN), "status", "--run-dir", str(run)], capture_output=True,

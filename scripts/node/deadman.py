@@ -1076,18 +1076,26 @@ def build_config(args, run_dir):
     return cfg, warnings
 
 
-def arm(args):
-    """Arm a detached dead-man for ARGS (deadman.py arm's options) -> (pid, config). The caller may be another
-    tool (launcher.py arms in its own process): the watcher is a double fork of the caller, no new interpreter."""
+def armed(args):
+    """The arming both ways share -> (run dir, config, the dead-man, the lock fd): settings checked, the lock
+    taken, earlier evidence retired, the run registered, warnings said."""
     run_dir = run_dir_arg(args)
     cfg, warnings = build_config(args, run_dir)
     lock_fd = take_lock(run_dir)
-    dm = Deadman(run_dir, cfg, foreground=False)
+    dm = Deadman(run_dir, cfg, foreground=args.foreground)
     retire_old_evidence(run_dir, dm.log)
     runrec.register(run_dir, cfg["registry"])
     for line in warnings:
         dm.log(line)
         sys.stderr.write(line + "\n")
+    return run_dir, cfg, dm, lock_fd
+
+
+def arm(args):
+    """Arm a detached dead-man for ARGS (deadman.py arm's options) -> (pid, config). The caller may be another
+    tool (launcher.py arms in its own process): the watcher is a double fork of the caller, no new interpreter."""
+    args.foreground = False
+    _run_dir, cfg, dm, lock_fd = armed(args)
     try:
         pid = detach_and_run(dm, lock_fd)
     except RuntimeError as exc:
@@ -1107,15 +1115,7 @@ def cmd_arm(args):
             sys.stderr.write("dead-man armed (pid %d) on %s; stop: %s\n"
                              % (pid, os.path.abspath(args.run_dir), cfg["stop_cmd"] or cfg["fallback_stop_cmd"] or "NONE"))
         return 0
-    run_dir = run_dir_arg(args)
-    cfg, warnings = build_config(args, run_dir)
-    take_lock(run_dir)
-    dm = Deadman(run_dir, cfg, foreground=True)
-    retire_old_evidence(run_dir, dm.log)
-    runrec.register(run_dir, cfg["registry"])
-    for line in warnings:
-        dm.log(line)
-        sys.stderr.write(line + "\n")
+    run_dir, cfg, dm, _lock_fd = armed(args)   # the lock stays held by this process while it watches
     signal.signal(signal.SIGUSR1, dm.on_wake)
     dm.write_state()
     if args.json:
