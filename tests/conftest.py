@@ -132,6 +132,36 @@ def webhook():
     return server, heard
 
 
+@pytest.fixture
+def child():
+    """Start live processes standing for jobs (start(code) -> Popen); each is killed afterwards."""
+    procs = []
+
+    def start(code="import time; time.sleep(600)"):
+        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.DEVNULL)
+        procs.append(proc)
+        return proc
+    yield start
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        proc.wait(timeout=10)
+
+
+def webhook_target(tmp_path, secret):
+    """A webhook receiver and a 0600 notify config naming it (signed with SECRET) -> (server, bodies heard, the
+    RGT_NOTIFY_CONFIG / RGT_NOTIFY_SPOOL variables). The caller shuts the server down."""
+    server, heard = webhook()
+    config = tmp_path / "notify.json"
+    config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
+                                               "url": "http://127.0.0.1:%d/in" % server.server_address[1],
+                                               "secret": secret}]}))
+    config.chmod(0o600)
+    return server, heard, {"RGT_NOTIFY_CONFIG": str(config), "RGT_NOTIFY_SPOOL": str(tmp_path / "spool")}
+
+
 def kill_everything_of(run_dir):
     """A simulated restart: the supervisor, the job's group and the dead-man die together, by SIGKILL."""
     status = read_json(run_dir / "status.json")

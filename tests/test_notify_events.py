@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from conftest import NODE, kill_everything_of, need_root, wait_for, webhook
+from conftest import NODE, kill_everything_of, need_root, wait_for, webhook_target
 from conftest import read_json as read
-from test_watchers import DEADMAN, POLL, cfg_for, child, finished_run, running_status, stand_in  # noqa: F401,F811
+from test_watchers import DEADMAN, POLL, cfg_for, finished_run, running_status, stand_in
 
 sys.path.insert(0, str(NODE))
 import deadman  # noqa: E402
@@ -32,13 +32,7 @@ QUIET_DISK = ("--disk-floor-gb", "0", "--disk-floor-inodes", "0")   # no disk_lo
 def hook(tmp_path, monkeypatch):
     """A webhook target in a 0600 notify config -> (bodies heard, env for a child process). The same config is
     set for this process too, so a watcher driven in-process sends to it."""
-    server, heard = webhook()
-    config = tmp_path / "notify.json"
-    config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
-                                               "url": "http://127.0.0.1:%d/in" % server.server_address[1],
-                                               "secret": HOOK_SECRET}]}))
-    config.chmod(0o600)
-    values = {"RGT_NOTIFY_CONFIG": str(config), "RGT_NOTIFY_SPOOL": str(tmp_path / "spool")}
+    server, heard, values = webhook_target(tmp_path, HOOK_SECRET)
     for key, value in values.items():
         monkeypatch.setenv(key, value)
     yield heard, dict(os.environ, **values)

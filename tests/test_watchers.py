@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import NODE, missing, webhook
+from conftest import NODE, missing, webhook_target
 
 sys.path.insert(0, str(NODE))
 import deadman  # noqa: E402
@@ -69,24 +69,6 @@ def cfg_for(run, *args):
     ns = deadman.build_parser().parse_args(["arm", "--run-dir", str(run), *map(str, args)])
     cfg, _warnings = deadman.build_config(ns, str(run))
     return cfg
-
-
-@pytest.fixture
-def child():
-    """A live process standing for a job; killed afterwards."""
-    procs = []
-
-    def start(code="import time; time.sleep(600)"):
-        proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdin=subprocess.DEVNULL)
-        procs.append(proc)
-        return proc
-    yield start
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        proc.wait(timeout=10)
 
 
 def running_status(run, proc, **extra):
@@ -557,14 +539,9 @@ def test_verified_stop_the_dead_man_stops_through_the_provider_and_reads_it_back
 
 def test_notif_drill_the_dead_man_fires_and_the_escalation_reaches_the_webhook(tmp_path):
     """A stop that exits 0 and stops nothing: the webhook hears deadman_fired, then stop_not_confirmed."""
-    server, heard = webhook()
+    server, heard, notify_env = webhook_target(tmp_path, "notif-canary-secret")
     try:
-        config = tmp_path / "notify.json"
-        config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
-                                                   "url": "http://127.0.0.1:%d/in" % server.server_address[1],
-                                                   "secret": "notif-canary-secret"}]}))
-        config.chmod(0o600)
-        env = dict(os.environ, RGT_NOTIFY_CONFIG=str(config), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
+        env = dict(os.environ, **notify_env)
         stop, _calls = stand_in(tmp_path)
         run = finished_run(tmp_path, run_id="n1")
         armed = subprocess.Popen([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
@@ -698,14 +675,9 @@ def test_run_status_names_the_failures_users_meet_most(tmp_path, line, exit_code
 
 def test_notif_a_run_tells_when_it_starts_and_when_it_ends(tmp_path):
     """The supervisor sends launched, then finished (or failed) with the bytes synced, to a configured webhook."""
-    server, heard = webhook()
+    server, heard, notify_env = webhook_target(tmp_path, "a-long-enough-test-secret")
     try:
-        config = tmp_path / "notify.json"
-        config.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "allow_http": True,
-                                                   "url": "http://127.0.0.1:%d/in" % server.server_address[1],
-                                                   "secret": "a-long-enough-test-secret"}]}))
-        config.chmod(0o600)
-        env = dict(os.environ, RGT_NOTIFY_CONFIG=str(config), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
+        env = dict(os.environ, **notify_env)
         work = tmp_path / "work"
         work.mkdir()
         for rid, job in (("ok", "echo trained > model.txt"), ("bad", "exit 3")):
