@@ -88,29 +88,30 @@ may be missing a run); 2 usage or bad input (launch, resume: also a ledger that 
 before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
 fired, ...); 255 ssh could not reach HOST.
 """
-import argparse
-import errno
-import json
-import re
 import os
-import shlex
-import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
-import time
+
+import fast_start   # scripts/fast_start.py: a status connects first, while the rest of this file loads
+EARLY = fast_start.status_trip(sys.argv[1:]) if __name__ == "__main__" else None
+
+import argparse  # noqa: E402
+import errno  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import time  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE_SRC = os.path.join(HERE, "node")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, NODE_SRC)
 import rgt_core as core  # noqa: E402
-import notify_cli  # noqa: E402  (scripts/notify_cli.py: `rgt.py notify`)
 
 DEFAULT_NODE_DIR = "~/rgt-bin"
 SSH_UNREACHABLE = 255
-HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._+-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\])$")
+HOST_RE = fast_start.HOST_RE
 
 
 # ---------------------------------------------------------------- quoting and ssh
@@ -156,15 +157,7 @@ class Ssh(object):
         if not HOST_RE.match(host or ""):  # an alias, user@host, host:port-free name or [v6]; never an option
             raise core.UsageError("HOST %r is not an ssh alias or user@host" % host)
         self.host = host
-        self.base = ["ssh"]
-        if config:
-            self.base += ["-F", config]
-        if port:
-            self.base += ["-p", str(port)]
-        if identity:
-            self.base += ["-i", identity]
-        # a dropped link or a frozen node is noticed in about a minute instead of never (pull, gate, status)
-        self.base += ["-o", "BatchMode=yes", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4"]
+        self.base = fast_start.ssh_base(port, identity, config)
         self.control_dir = self.control_path = None
         if mux:
             self._open_mux()
@@ -176,6 +169,7 @@ class Ssh(object):
             return
         parent = os.environ.get("RGT_SSH_CONTROL_PARENT") or ("/tmp" if os.path.isdir("/tmp") else None)
         try:
+            import tempfile
             folder = tempfile.mkdtemp(prefix="rgt-", dir=parent)     # mode 0700, a fresh random name
         except OSError:
             return
@@ -207,6 +201,13 @@ class Ssh(object):
 
     def argv(self, command):
         return self.base + [self.host, command]
+
+    def start(self, command):
+        """Open the connection for COMMAND now and return a fast_start.Trip; its input is written later."""
+        try:
+            return fast_start.Trip(self.argv(command))
+        except FileNotFoundError:
+            raise core.UsageError("ssh is not installed on this machine")
 
     def run(self, command, timeout=600, stdin=None, capture=True):
         try:
@@ -477,6 +478,7 @@ def tar_stream(files):
     """The toolkit as an uncompressed tar in memory (a few hundred KB)."""
     import io
     buf = io.BytesIO()
+    import tarfile
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for local, name in files:
             info = archive.gettarinfo(local, arcname=name)
@@ -570,6 +572,11 @@ def node_python(args):
 def node_json(args, ssh, argv, what, timeout):
     """Run a node tool that prints one JSON object -> (result, the object); its stderr shown when it gave none."""
     res = checked(ssh.run(remote_command(argv), timeout=timeout), what)
+    return res, node_doc(args, res, argv)
+
+
+def node_doc(args, res, argv):
+    """The one JSON object node tool ARGV printed in RES; CheckFailed (its stderr shown) when it gave none."""
     try:
         doc = json.loads(text(res.stdout))
     except ValueError:
@@ -578,7 +585,7 @@ def node_json(args, ssh, argv, what, timeout):
         sys.stderr.write(text(res.stderr))
         tool = next(w for w in argv[1:] if not w.startswith("-"))   # past the interpreter's own flags
         raise core.CheckFailed("%s on %s gave no JSON (exit %d)" % (os.path.basename(tool), args.host, res.returncode))
-    return res, doc
+    return doc
 
 
 def again(args, *words):
@@ -680,15 +687,36 @@ def cost_line(rate, hours):
 
 def cmd_status(args, ssh):
     rid = check_run_id(args.run_id)
-    run_dir, _results, _profile = run_paths(args, rid)
-    argv = [node_python(args), "-S", node_tool(args, "run_status.py"), run_dir, "--json"]
-    if args.rate_per_hour is not None:
-        argv += ["--rate-per-hour", str(args.rate_per_hour)]
-    res, status = node_json(args, ssh, argv, "status", 120)
+    # The handshake is most of the trip: it starts first and the ledger is read meanwhile. The node's `sh -s`
+    # runs only the script sent on stdin, so a run the ledger does not know runs nothing there.
+    trip = args.early or ssh.start(fast_start.STATUS_SHELL)
+    try:
+        run_dir, _results, _profile = run_paths(args, rid)
+        import remote_status   # run_status.py's rules, fed by status_facts.sh (no Python on the node)
+        mark = remote_status.new_mark()
+        cost = ["--rate-per-hour", str(args.rate_per_hour)] if args.rate_per_hour is not None else []
+        argv = [node_python(args), "-S", node_tool(args, "run_status.py"), run_dir, "--json"] + cost
+        script = remote_status.command(remote_word(args.node_dir), remote_word(run_dir), argv[0], mark,
+                                       [remote_word(w) for w in cost])
+        spent = ledger_cost(args, rid)
+    except BaseException:
+        trip.abandon()
+        raise
+    try:
+        res = checked(trip.finish((script + "\n").encode(), 120), "status")
+    except subprocess.TimeoutExpired:
+        raise core.CheckFailed("ssh %s timed out after 120 s" % args.host)
+    try:
+        status = remote_status.classify(res.stdout, mark, run_dir, args.rate_per_hour)
+        code = status["exit"]
+    except ValueError:      # an older toolkit on the node: its run_status.py answered
+        status, code = node_doc(args, res, argv), res.returncode
+    except remote_status.Incomplete:     # only the node can tell: ask its run_status.py (a second trip)
+        res, status = node_json(args, ssh, argv, "status", 120)
+        code = res.returncode
     state = status.get("status") or status.get("state")
-    record(args, event="status", run_id=rid, state=state,
-                  attempt=status.get("attempt"))
-    status["cost_from_ledger"] = ledger_cost(args, rid)
+    record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"))
+    status["cost_from_ledger"] = spent
     if args.json:
         core.emit_json(status)
     else:
@@ -696,7 +724,7 @@ def cmd_status(args, ssh):
         print(status["cost_from_ledger"]["line"])
         if status.get("hint"):
             print("hint: %s" % status["hint"])
-    return res.returncode
+    return code
 
 
 def cmd_logs(args, ssh):
@@ -1021,7 +1049,29 @@ A trainer that prints no total: add --total-steps N, so status shows step/N and 
 Copy the project to the node yourself first (rsync, or git clone there): push ships only the toolkit."""
 
 
-def build_parser():
+COMMANDS = ("push", "probe", "launch", "status", "patrol", "logs", "ack", "resume", "pull", "gate", "sweep",
+            "notify", "ledger", "billing")
+VALUED_OPTIONS = ("-p", "--port", "-i", "--identity", "--ssh-config", "--node-dir", "--ledger")
+
+
+def command_word(argv):
+    """The command ARGV names, found without argparse; None when unsure (help, an abbreviated option)."""
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+        elif word in VALUED_OPTIONS:
+            skip = True
+        elif word in ("-h", "--help"):
+            return None
+        elif not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def build_parser(only=None):
+    """The whole CLI; ONLY: build just that command's parser (argparse's set-up of all of them costs more than
+    the rest of a status before it connects)."""
     parser = core.Parser(prog="rgt.py", description="The laptop side, one command per phase (see the docstring).",
                          formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
     global_options(parser, suppress=False)
@@ -1029,6 +1079,9 @@ def build_parser():
     global_options(shared, suppress=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=core.Parser,
                                 help="one phase of the chain; rgt.py COMMAND --help for its options")
+
+    def wanted(name):
+        return only is None or only == name
 
     def host_cmd(name, help_text, run_id=False, epilog=None):
         p = sub.add_parser(name, help=help_text, parents=[shared],
@@ -1040,71 +1093,96 @@ def build_parser():
         p.add_argument("--durable-dir", help="the node's DURABLE_DIR (default: the ledger, or the profile)")
         return p
 
-    p = host_cmd("push", "copy the node toolkit to the node and verify its version")
-    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
-                   help="rsync, a tar stream over ssh, or auto (rsync when both ends have it)")
-    p = host_cmd("probe", "audit the node (node_probe.py); gate options after --")
-    p.add_argument("--profile", help="the node's platform profile (DATA_DIR and DURABLE_DIR defaults)")
-    p = host_cmd("launch", "start a job through run_one.sh (dead-man first, detached)", epilog=LAUNCH_EPILOG)
-    p.add_argument("--profile", required=True, help="the node's platform profile (meter-stop, dirs, proxy hook)")
-    p.add_argument("--run-id", required=True, help="a new run id (letters, digits, . _ -); resume uses it")
-    p.add_argument("--cwd", help="the job's working directory on the node (created)")
-    p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
-    p.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True),
-                   help="budget in the rate's currency: arms the dead-man's wall-clock cap to match")
-    p.add_argument("--instance", help="PROVIDER:ID of the box (billing joins on it; a budget reads its rate there)")
-    p = host_cmd("status", "classify a run (run_status.py)", run_id=True)
-    p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
-    p = host_cmd("patrol", "the scheduled check-in: one round trip, a short report, exit 10 to escalate")
-    p.add_argument("run_ids", nargs="*", metavar="RID", help="runs to check (default: the ledger's open runs)")
-    p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
-    p.add_argument("--min-free-gb", type=float, default=core.DEFAULT_DISK_FLOOR_GB,
-                   help="escalate below this much free disk, GiB (default %g: the toolkit's one floor, "
-                        "rgt_core.DEFAULT_DISK_FLOOR_GB)" % core.DEFAULT_DISK_FLOOR_GB)
-    p = host_cmd("logs", "the tail of a run's log", run_id=True)
-    p.add_argument("--lines", type=int, default=40, help="lines from the end (default 40)")
-    p.add_argument("--log", choices=("job", "supervisor", "deadman"), default="job",
-                   help="which log: the job's (default), the supervisor's or the dead-man's")
-    p = host_cmd("ack", "postpone or disarm the run's dead-man", run_id=True)
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--postpone-minutes", type=float, help="push the dead-man's deadline back this many minutes")
-    g.add_argument("--disarm", action="store_true", help="turn the dead-man off for this run (you watch it now)")
-    p = host_cmd("resume", "relaunch a preempted or failed run as its next attempt", run_id=True)
-    p.add_argument("--max-attempts", type=int, help="attempt cap for this resume (default: the launch's, 3)")
-    p.add_argument("--give-up-hours", type=float, help="refuse once the first attempt started longer ago (48)")
-    p.add_argument("--force-restart", action="store_true",
-                   help="resume a run with no resume adapter even though its restart from step 0 supersedes the "
-                        "verified durable outputs (kept as a generation on the node)")
-    p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
-    p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)
-    p.add_argument("--dest", default="pulled", help="local folder; the run lands in DEST/RID (default pulled)")
-    p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
-                   help="rsync, a tar stream over ssh, or auto (rsync when both ends have it)")
-    p = host_cmd("gate", "the teardown gate: is it safe to stop the meter?", run_id=True)
-    p.add_argument("--dest", default="pulled", help="where the pull put the run (DEST/RID; default pulled)")
-    p.add_argument("--profile", help="the platform profile whose meter-stop action the pass prints")
-    p.add_argument("--no-inspect", action="store_true", help="skip the checkpoint load checks (ckpt_inspect.py)")
-    p = host_cmd("sweep", "before release: every run of the box on durable storage, verified (final_sweep.py)")
-    p.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
-    notify_cli.add_parser(sub, shared)
-    p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared],
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
-    p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
-    import billing  # `rgt.py billing` runs billing.run(), so its exit codes are billing.py's
-    p = sub.add_parser("billing", help="what is still billing you, joined with the ledger (read-only)", parents=[shared],
-                       formatter_class=core.RawHelp, epilog=billing.EXIT_EPILOG)
-    p.add_argument("--timeout", type=core.arg_number(float, 0.0, 600, low_open=True), default=30.0,
-                   help="seconds one provider request may take")
+    if wanted("push"):
+        p = host_cmd("push", "copy the node toolkit to the node and verify its version")
+        p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
+                       help="rsync, a tar stream over ssh, or auto (rsync when both ends have it)")
+    if wanted("probe"):
+        p = host_cmd("probe", "audit the node (node_probe.py); gate options after --")
+        p.add_argument("--profile", help="the node's platform profile (DATA_DIR and DURABLE_DIR defaults)")
+    if wanted("launch"):
+        p = host_cmd("launch", "start a job through run_one.sh (dead-man first, detached)", epilog=LAUNCH_EPILOG)
+        p.add_argument("--profile", required=True, help="the node's platform profile (meter-stop, dirs, proxy hook)")
+        p.add_argument("--run-id", required=True, help="a new run id (letters, digits, . _ -); resume uses it")
+        p.add_argument("--cwd", help="the job's working directory on the node (created)")
+        p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
+        p.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True),
+                       help="budget in the rate's currency: arms the dead-man's wall-clock cap to match")
+        p.add_argument("--instance", help="PROVIDER:ID of the box (billing joins on it; a budget reads its rate there)")
+    if wanted("status"):
+        p = host_cmd("status", "classify a run (run_status.py)", run_id=True)
+        p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
+    if wanted("patrol"):
+        p = host_cmd("patrol", "the scheduled check-in: one round trip, a short report, exit 10 to escalate")
+        p.add_argument("run_ids", nargs="*", metavar="RID", help="runs to check (default: the ledger's open runs)")
+        p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
+        p.add_argument("--min-free-gb", type=float, default=core.DEFAULT_DISK_FLOOR_GB,
+                       help="escalate below this much free disk, GiB (default %g: the toolkit's one floor, "
+                            "rgt_core.DEFAULT_DISK_FLOOR_GB)" % core.DEFAULT_DISK_FLOOR_GB)
+    if wanted("logs"):
+        p = host_cmd("logs", "the tail of a run's log", run_id=True)
+        p.add_argument("--lines", type=int, default=40, help="lines from the end (default 40)")
+        p.add_argument("--log", choices=("job", "supervisor", "deadman"), default="job",
+                       help="which log: the job's (default), the supervisor's or the dead-man's")
+    if wanted("ack"):
+        p = host_cmd("ack", "postpone or disarm the run's dead-man", run_id=True)
+        g = p.add_mutually_exclusive_group(required=True)
+        g.add_argument("--postpone-minutes", type=float, help="push the dead-man's deadline back this many minutes")
+        g.add_argument("--disarm", action="store_true", help="turn the dead-man off for this run (you watch it now)")
+    if wanted("resume"):
+        p = host_cmd("resume", "relaunch a preempted or failed run as its next attempt", run_id=True)
+        p.add_argument("--max-attempts", type=int, help="attempt cap for this resume (default: the launch's, 3)")
+        p.add_argument("--give-up-hours", type=float, help="refuse once the first attempt started longer ago (48)")
+        p.add_argument("--force-restart", action="store_true",
+                       help="resume a run with no resume adapter even though its restart from step 0 supersedes the "
+                            "verified durable outputs (kept as a generation on the node)")
+        p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
+    if wanted("pull"):
+        p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)
+        p.add_argument("--dest", default="pulled", help="local folder; the run lands in DEST/RID (default pulled)")
+        p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
+                       help="rsync, a tar stream over ssh, or auto (rsync when both ends have it)")
+    if wanted("gate"):
+        p = host_cmd("gate", "the teardown gate: is it safe to stop the meter?", run_id=True)
+        p.add_argument("--dest", default="pulled", help="where the pull put the run (DEST/RID; default pulled)")
+        p.add_argument("--profile", help="the platform profile whose meter-stop action the pass prints")
+        p.add_argument("--no-inspect", action="store_true", help="skip the checkpoint load checks (ckpt_inspect.py)")
+    if wanted("sweep"):
+        p = host_cmd("sweep", "before release: every run of the box on durable storage, verified (final_sweep.py)")
+        p.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
+    if wanted("notify"):
+        import notify_cli
+        notify_cli.add_parser(sub, shared)
+    if wanted("ledger"):
+        p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared],
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
+        p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
+    if wanted("billing"):
+        import billing  # `rgt.py billing` runs billing.run(), so its exit codes are billing.py's
+        p = sub.add_parser("billing", help="what is still billing you, joined with the ledger (read-only)",
+                           parents=[shared], formatter_class=core.RawHelp, epilog=billing.EXIT_EPILOG)
+        p.add_argument("--timeout", type=core.arg_number(float, 0.0, 600, low_open=True), default=30.0,
+                       help="seconds one provider request may take")
     return parser
 
 
-def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
+def main(argv=None, early=None):
+    """EARLY: the status trip fast_start opened for this command line, if any; used when this parse asks for
+    exactly that ssh command, else dropped (nothing ran on the node)."""
+    used = []
+    try:
+        return dispatch(list(sys.argv[1:] if argv is None else argv), early, used)
+    finally:
+        if early and not used:
+            early.abandon()
+
+
+def dispatch(argv, early, used):
     rest = []
     if "--" in argv:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1:]
-    args = build_parser().parse_args(argv)
+    args = build_parser(command_word(argv)).parse_args(argv)
     args.rest = rest
     if not args.command:
         raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, resume, pull, gate, "
@@ -1117,6 +1195,10 @@ def main(argv=None):
         return cmd_billing(args)
     # a command that makes one call connects once anyway: a master would only add its start and its exit
     ssh = Ssh(args.host, args.port, args.identity, args.ssh_config, mux=args.command not in ONE_CALL)
+    args.early = None
+    if early and args.command == "status" and early.argv == ssh.argv(fast_start.STATUS_SHELL):
+        args.early = early
+        used.append(early)
     try:
         return globals()["cmd_" + args.command](args, ssh)
     except Unreachable as exc:
@@ -1127,6 +1209,7 @@ def main(argv=None):
 
 
 def cmd_notify(args, ssh):
+    import notify_cli  # scripts/notify_cli.py: `rgt.py notify`
     return notify_cli.cmd_notify(args, ssh, sys.modules[__name__])
 
 
@@ -1139,4 +1222,4 @@ def report(args, fields, human):
 
 
 if __name__ == "__main__":
-    sys.exit(core.run_main(main, prog="rgt.py"))
+    sys.exit(core.run_main(lambda argv: main(argv, EARLY), prog="rgt.py"))

@@ -12,15 +12,16 @@ import sys
 
 import pytest
 
-from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOL_LIBRARIES, TOOLS
+from conftest import LAPTOP_LIBRARIES, LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOL_LIBRARIES, TOOLS
 
 sys.path.insert(0, str(NODE))
 import rgt_core as core  # noqa: E402
 
 # Imported, never run: no --help (test_a_library_module_has_no_command_line holds them to that).
-LIBRARY_PATHS = sorted([NODE / name for name in LIBRARY_MODULES] + [TOOLS / name for name in TOOL_LIBRARIES])
+LIBRARY_PATHS = sorted([NODE / name for name in LIBRARY_MODULES] + [TOOLS / name for name in TOOL_LIBRARIES]
+                       + [SCRIPTS / name for name in LAPTOP_LIBRARIES])
 LIBRARIES = {p.name for p in LIBRARY_PATHS}
-PYTHON = sorted([p for p in SCRIPTS.glob("*.py")] + [p for p in NODE.glob("*.py") if p.name not in LIBRARIES]
+PYTHON = sorted([p for p in SCRIPTS.glob("*.py") if p.name not in LIBRARIES] + [p for p in NODE.glob("*.py") if p.name not in LIBRARIES]
                 + [p for p in TOOLS.glob("*.py") if p.name not in LIBRARIES] + sorted((REPO / "evals").glob("*.py")))
 SHELL = sorted(NODE.glob("*.sh"))
 

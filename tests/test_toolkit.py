@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from conftest import LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOLS, missing
+from conftest import LAPTOP_LIBRARIES, LIBRARY_MODULES, NODE, REPO, SCRIPTS, TOOLS, missing
 
 NODE_PY = sorted(p for p in NODE.glob("*.py") if p.name not in LIBRARY_MODULES)  # the node's runnable tools
-LAPTOP_PY = sorted(SCRIPTS.glob("*.py"))
+LAPTOP_PY = sorted(p for p in SCRIPTS.glob("*.py") if p.name not in LAPTOP_LIBRARIES)   # runnable
 MAINTAINER_PY = sorted(TOOLS.glob("*.py"))
 SHELL = sorted(NODE.glob("*.sh"))
 # The safety helpers that exist once, in the core; a tool defining one of these is a drifting copy.

@@ -339,6 +339,7 @@ def op_init(args):
             "max_attempts": args.max_attempts, "total_steps": args.total_steps,
             "notify_events": notify_events(args.notify_events),
             "launch_argv": core.scrub_record(launch_argv)})
+        write_outputs_list(run_dir, args.cwd, outputs)
         core.atomic_write_json(run_path(run_dir, STATUS), {
             "run_id": args.run_id, "state": "starting", "job_pid": None, "job_identity": None, "exit_code": None,
             "started_at": None, "ended_at": None, "updated_at": core.utc_iso(), "detach": args.detach,
@@ -348,6 +349,17 @@ def op_init(args):
     with open(run_path(run_dir, "job.log"), "ab"):
         pass
     return 0
+
+
+def write_outputs_list(run_dir, cwd, outputs):
+    """runrec.OUTPUTS_LIST for status_facts.sh; removed when there is nothing a shell could read back exactly
+    (no globs, a relative cwd, a line holding a newline)."""
+    path = run_path(run_dir, runrec.OUTPUTS_LIST)
+    lines = [cwd] + outputs if outputs and isinstance(cwd, str) and cwd.startswith("/") else []
+    if lines and not any("\n" in line for line in lines):
+        core.atomic_write(path, "\n".join(lines) + "\n")
+    elif os.path.lexists(path):
+        unlink_quiet(path)
 
 
 def give_up(run_dir, message):

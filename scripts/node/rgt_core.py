@@ -31,7 +31,6 @@ Exit codes shared by every script: 0 OK, 1 a check failed, 2 usage or bad input,
 """
 import argparse
 import errno
-import hashlib
 import json
 import math
 import os
@@ -40,7 +39,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -355,6 +353,7 @@ def atomic_write(path, data, mode=None):
         return
     check_replaceable(path)
     folder = os.path.dirname(os.path.abspath(path))
+    import tempfile   # here, not at the top: every laptop command would pay for it (shutil, random)
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path)[:100], suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -474,20 +473,56 @@ def _pid(value):
     return None
 
 
+class Procs(object):
+    """The process table liveness is read from: this machine's (kill(0) and /proc). run_status's one-trip form on
+    the laptop passes a table the node's shell gathered instead (remote_status.py), so one rule decides both."""
+
+    def exists(self, pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True   # exists, owned by someone else
+        except OSError:
+            return False
+        return True
+
+    def stat(self, pid):
+        """/proc/PID/stat's fields after the command name, or None (no such process, or no /proc: macOS)."""
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                return handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+
+    def boot_id(self):
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as handle:
+                return handle.read().strip() or None
+        except OSError:
+            return None
+
+    def boot_time(self):
+        """(btime from /proc/stat, clock ticks per second), or None where unknown."""
+        try:
+            with open("/proc/stat") as handle:
+                btime = next((int(line.split()[1]) for line in handle if line.startswith("btime ")), None)
+            hertz = os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+        return None if btime is None or hertz <= 0 else (btime, hertz)
+
+
+HERE = Procs()
+
+
 def _proc_stat(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
+    return HERE.stat(pid)
 
 
 def boot_id():
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as handle:
-            return handle.read().strip() or None
-    except OSError:
-        return None
+    return HERE.boot_id()
 
 
 def process_identity(pid=None):
@@ -498,23 +533,16 @@ def process_identity(pid=None):
     return {"pid": pid, "start_ticks": start, "boot_id": boot_id()}
 
 
-def pid_alive(pid, start_ticks=None, boot=None):
+def pid_alive(pid, start_ticks=None, boot=None, procs=HERE):
     """True when PID runs and is not a zombie, and (when given) is the same process that was recorded:
     same start time and same boot. A pid reused after a restart is therefore not alive."""
     pid = _pid(pid)
-    if pid is None:
+    if pid is None or not procs.exists(pid):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    now_boot = procs.boot_id()
+    if boot and now_boot and boot != now_boot:
         return False
-    except PermissionError:
-        pass  # exists, owned by someone else
-    except OSError:
-        return False
-    if boot and boot_id() and boot != boot_id():
-        return False
-    fields = _proc_stat(pid)
+    fields = procs.stat(pid)
     if fields is None:
         return True  # no /proc (macOS laptop): kill(0) is all we know
     if fields[0] in ("Z", "X"):
@@ -524,11 +552,11 @@ def pid_alive(pid, start_ticks=None, boot=None):
     return True
 
 
-def identity_alive(ident):
+def identity_alive(ident, procs=HERE):
     """pid_alive for a recorded identity dict (or a bare pid)."""
     if isinstance(ident, dict):
-        return pid_alive(ident.get("pid"), ident.get("start_ticks"), ident.get("boot_id"))
-    return pid_alive(ident)
+        return pid_alive(ident.get("pid"), ident.get("start_ticks"), ident.get("boot_id"), procs)
+    return pid_alive(ident, procs=procs)
 
 
 def group_alive(pgid):
@@ -556,37 +584,33 @@ def group_alive(pgid):
     return False
 
 
-def process_start_epoch(pid):
+def process_start_epoch(pid, procs=HERE):
     """Wall-clock time PID started (boot time + start ticks from /proc), or None where unknown."""
-    ticks = process_identity(pid).get("start_ticks")
-    if ticks is None:
-        return None
-    try:
-        with open("/proc/stat") as handle:
-            btime = next((int(line.split()[1]) for line in handle if line.startswith("btime ")), None)
-        hertz = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-    return None if btime is None or hertz <= 0 else btime + ticks / float(hertz)
+    pid = _pid(pid)
+    fields = procs.stat(pid) if pid else None
+    ticks = int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+    boot = procs.boot_time() if ticks is not None else None
+    return None if boot is None else boot[0] + ticks / float(boot[1])
 
 
 REUSE_SLACK_SECONDS = 60.0
 
 
-def record_alive(identity=None, pid=None, not_after=None):
+def record_alive(identity=None, pid=None, not_after=None, procs=HERE):
     """Is the process a state file recorded still that same process?
 
     IDENTITY (a process_identity dict) decides whenever it was recorded: pid, start time and boot
     must all match. A record without one (written by an older toolkit) falls back to the bare PID,
     and NOT_AFTER (epoch seconds: when the record says the process was already running, e.g. a
     run's started_at or a dead-man's armed_at) catches a pid reused by a process that started
-    later than that (beyond REUSE_SLACK_SECONDS of clock and truncation slack)."""
+    later than that (beyond REUSE_SLACK_SECONDS of clock and truncation slack). PROCS: the process
+    table to read (this machine's by default)."""
     if isinstance(identity, dict) and _pid(identity.get("pid")):
-        return identity_alive(identity)
-    if not pid_alive(pid):
+        return identity_alive(identity, procs)
+    if not pid_alive(pid, procs=procs):
         return False
     if isinstance(not_after, (int, float)) and not isinstance(not_after, bool):
-        started = process_start_epoch(pid)
+        started = process_start_epoch(pid, procs)
         if started is not None and started > not_after + REUSE_SLACK_SECONDS:
             return False
     return True
@@ -611,6 +635,7 @@ def run_bounded(argv, timeout, env=None, cwd=None, max_output=65536, kill_grace=
     group gets SIGTERM, then SIGKILL after KILL_GRACE seconds."""
     start = time.monotonic()
     try:
+        import tempfile
         out = tempfile.TemporaryFile()
     except OSError:  # a full or read-only temp disk must not keep a stop command from running
         out = None
@@ -687,6 +712,7 @@ def sha256_file(path, bufsize=1 << 20, on_bytes=None, sink=None):
     view = getattr(_local, "view", None)
     if view is None or len(view) != bufsize:
         view = _local.view = memoryview(bytearray(bufsize))
+    import hashlib   # OpenSSL's start-up is paid by the commands that hash, not by every one
     digest = hashlib.sha256()
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     try:
@@ -789,6 +815,7 @@ def write_probe(folder):
     """None when a file can be created and removed in FOLDER (created if missing), else the reason."""
     try:
         os.makedirs(folder, exist_ok=True)
+        import tempfile
         fd, tmp = tempfile.mkstemp(prefix=".rgt-write-probe.", dir=folder)
         os.close(fd)
         os.unlink(tmp)
@@ -991,7 +1018,7 @@ def active_runs(runs_dirs, exclude=()):
     return [n["name"] for n in runrec.active_neighbours(exclude, runs_dirs)]
 
 
-def deadman_state(run_dir, check_alive=True):
+def deadman_state(run_dir, check_alive=True, procs=HERE):
     """What watches the run in RUN_DIR, read from deadman.json and DEADMAN_FIRED.json -> dict.
 
     word: ARMED (its process is alive, or CHECK_ALIVE is False: the pid is on another host),
@@ -999,14 +1026,14 @@ def deadman_state(run_dir, check_alive=True):
     DISARMED (acknowledged off on purpose), EXITED (stopped by a signal: nothing watches),
     NONE (never armed), or the recorded state in capitals. watching is True only for a live ARMED
     one. Also: pid, alive (None when not checked), state, armed_at, config (a dict), fired (the
-    record or None)."""
+    record or None). PROCS: the process table to read liveness from (this machine's by default)."""
     doc = read_json(os.path.join(run_dir, DEADMAN_FILE))
     fired_path = os.path.join(run_dir, DEADMAN_FIRED_FILE)
     fired = read_json(fired_path) if os.path.exists(fired_path) else None
     state = doc.get("state") if isinstance(doc.get("state"), str) else None
     alive = None
     if check_alive and doc:
-        alive = record_alive(doc.get("identity"), doc.get("pid"), parse_iso(doc.get("armed_at")))
+        alive = record_alive(doc.get("identity"), doc.get("pid"), parse_iso(doc.get("armed_at")), procs)
     if fired is not None or state == "fired":
         word = "FIRED"
     elif not doc:

@@ -75,8 +75,6 @@ Exit codes:
 """
 import json
 import os
-import shutil
-import socket
 import sys
 import time
 
@@ -177,21 +175,29 @@ def mtime(path):
 
 # ---------------------------------------------------------------- machine facts
 
+GPU_QUERY = ["--query-gpu=index,utilization.gpu,memory.used,memory.total", "--format=csv,noheader,nounits"]
+
+
 def gpu_info(timeout):
-    exe = shutil.which("nvidia-smi")
+    found = (os.path.join(d, "nvidia-smi") for d in os.environ.get("PATH", "").split(os.pathsep) if d)
+    exe = next((x for x in found if os.path.isfile(x) and os.access(x, os.X_OK)), None)   # shutil.which
     if not exe:
         return None, "nvidia-smi not found"
-    res = core.run_bounded([exe, "--query-gpu=index,utilization.gpu,memory.used,memory.total",
-                            "--format=csv,noheader,nounits"], timeout, kill_grace=0.5)
-    if res.timed_out:
+    res = core.run_bounded([exe] + GPU_QUERY, timeout, kill_grace=0.5)
+    return gpu_parse(res.rc, res.output, res.timed_out, timeout, res.error)
+
+
+def gpu_parse(rc, output, timed_out=False, timeout=None, error=None):
+    """(gpus, None) from nvidia-smi's CSV (GPU_QUERY), or (None, why)."""
+    if timed_out:
         return None, "nvidia-smi timed out after %gs (driver hung? see gpu_health.sh)" % timeout
-    if res.error:
-        return None, "nvidia-smi failed to start: %s" % res.error
-    if res.rc != 0:
-        first = res.output.strip().splitlines()
-        return None, "nvidia-smi exited %s: %s" % (res.rc, first[0][:120] if first else "no output")
+    if error:
+        return None, "nvidia-smi failed to start: %s" % error
+    if rc != 0:
+        first = output.strip().splitlines()
+        return None, "nvidia-smi exited %s: %s" % (rc, first[0][:120] if first else "no output")
     gpus = []
-    for line in res.output.strip().splitlines():
+    for line in output.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 4:
             continue
@@ -203,22 +209,22 @@ def gpu_info(timeout):
 
 
 def newest_output(run):
-    """(age in seconds, relative path) of the newest file the run's --output globs match in its cwd, the
-    last checkpoint for most jobs; (None, None) when nothing is declared or matches. Read-only."""
+    """(mtime, relative path) of the newest file the run's --output globs match in its cwd, the last
+    checkpoint for most jobs; None when nothing is declared or matches. Read-only."""
     outputs, cwd = (run or {}).get("outputs"), (run or {}).get("cwd")
     if not isinstance(outputs, list) or not outputs or not isinstance(cwd, str) or not os.path.isdir(cwd):
-        return None, None
+        return None
     try:
         patterns = [evidence.check_pattern(o) for o in outputs if isinstance(o, str)]
         chosen, _problems, _notes, _unmatched = evidence.select(os.path.realpath(cwd), patterns, set())
     except (core.UsageError, OSError):
-        return None, None
+        return None
     newest = None
     for rel, real in chosen.items():
         stamp = mtime(real)
         if stamp is not None and (newest is None or stamp > newest[0]):
             newest = (stamp, rel)
-    return (round(max(0.0, time.time() - newest[0]), 1), newest[1]) if newest else (None, None)
+    return newest
 
 
 def disk_info(path):
@@ -226,11 +232,40 @@ def disk_info(path):
         info = core.disk_check(path)
     except OSError as exc:
         return {"path": path, "error": str(exc)}
+    return disk_percentages(info)
+
+
+def disk_percentages(info):
     total, inodes = info["total_bytes"], info.get("total_inodes")
     info["free_pct"] = round(100.0 * info["free_bytes"] / total, 1) if total else None
     info["inodes_free_pct"] = round(100.0 * info["free_inodes"] / inodes, 1) \
         if inodes and info["free_inodes"] is not None else None
     return info
+
+
+class Here(object):
+    """The machine classify() reads beyond the run dir's files: this one. remote_status.py (the laptop's
+    one-trip `rgt.py status`) passes the same facts as the node's shell gathered them (status_facts.sh)."""
+    procs = core.HERE
+
+    def now(self):
+        return time.time()
+
+    def hostname(self):
+        return os.uname().nodename
+
+    def disk(self, run_dir):
+        return disk_info(run_dir)
+
+    def newest_output(self, run):
+        """(mtime, relative path) of the newest file the run's output globs match in its cwd, or None."""
+        return newest_output(run)
+
+    def gpu(self, timeout):
+        return gpu_info(timeout)
+
+    def toolkit_version(self):
+        return core.toolkit_version()
 
 
 # ---------------------------------------------------------------- formatting
@@ -257,10 +292,9 @@ def sync_words(r):
     return "outputs verified" + (" (%s)" % amount if amount else "") + gen
 
 
-def stale_daemon(run_dir, dm):
+def stale_daemon(run_dir, dm, current):
     """True when a live dead-man runs older code than the toolkit now in its folder (a push after it armed)."""
     loaded = core.read_json(os.path.join(run_dir, "deadman.json")).get("loaded_version")
-    current = core.toolkit_version()
     return bool(dm.get("watching") and loaded and current and loaded != current)
 
 
@@ -333,11 +367,14 @@ def one_line(r):
 
 # ---------------------------------------------------------------- classification
 
-def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=None):
+def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=None, machine=None, shown=None):
+    """The run's state as one dict (the JSON of --json). MACHINE: what is read beyond the run dir's files
+    (Here(): this machine); SHOWN: the run dir as the output names it (default RUN_DIR)."""
     if not os.path.isdir(run_dir):
         raise core.UsageError(("not a directory: %s" if os.path.exists(run_dir) else "no such run dir: %s")
                               % run_dir)
-    now = time.time()
+    machine = machine or Here()
+    now = machine.now()
     p = lambda name: os.path.join(run_dir, name)   # noqa: E731
     run = read_state(p("run.json"))
     status = read_state(p("status.json"))
@@ -355,12 +392,14 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     job_pid = status.get("job_pid")
     job_pid = job_pid if isinstance(job_pid, int) and not isinstance(job_pid, bool) else None
     host = (run or {}).get("host")
-    here = socket.gethostname()
+    here = machine.hostname()
     same_host = not host or host in (here, here.split(".")[0]) or here.startswith(str(host) + ".")
     started = core.parse_iso(status.get("started_at"))
-    alive = core.record_alive(status.get("job_identity"), job_pid, started) if (job_pid and same_host) else None
+    procs = machine.procs
+    alive = core.record_alive(status.get("job_identity"), job_pid, started, procs) if (job_pid and same_host) \
+        else None
     sup_recorded = bool(status.get("supervisor_pid") or status.get("supervisor_identity"))
-    sup_alive = core.record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"), started) \
+    sup_alive = core.record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"), started, procs) \
         if (sup_recorded and same_host) else None
 
     where = progress.current(run_dir, run or {}, hb)
@@ -371,10 +410,11 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     status_mtime = mtime(p("status.json"))
     stall_minutes = core.stall_minutes_for(run_dir, stall_override)
     outputs = (run or {}).get("outputs")
-    dm = core.deadman_state(run_dir, check_alive=same_host)
+    dm = core.deadman_state(run_dir, check_alive=same_host, procs=procs)
+    version = machine.toolkit_version()
     fired = dm["fired"] or {}
 
-    r = {"run_dir": os.path.abspath(run_dir), "run_id": status.get("run_id") or (run or {}).get("run_id"),
+    r = {"run_dir": shown or os.path.abspath(run_dir), "run_id": status.get("run_id") or (run or {}).get("run_id"),
          "status": None, "exit": None, "state": state, "reason": None, "hint": None,
          "job_pid": job_pid, "job_alive": alive, "supervisor_alive": sup_alive, "exit_code": exit_code,
          "host": host, "step": step, "total_steps": total, "total_source": where["total_source"],
@@ -386,7 +426,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
          if (hb_time is not None or hb_mtime is not None) else None,
          "activity_age_s": round(activity_age, 1) if activity_age is not None else None,
          "stall_minutes": stall_minutes, "eta_s": None, "eta_basis": None,
-         "gpu": None, "gpu_reason": None, "disk": disk_info(run_dir),
+         "gpu": None, "gpu_reason": None, "disk": machine.disk(run_dir),
          "outputs_declared": bool(outputs) if isinstance(outputs, list) else None,
          "newest_output_age_s": None, "newest_output": None,
          "deadman": {"state": dm["state"], "word": dm["word"], "pid": dm["pid"], "alive": dm["alive"],
@@ -396,10 +436,11 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                      "fired_at": fired.get("fired_at"), "stop_ok": fired.get("ok"),
                      "stop_confirmed": fired.get("confirmed"), "dry_run": fired.get("dry_run"),
                      "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
-                     "stale_code": stale_daemon(run_dir, dm)},
-         "unwatched": False, "sync": None, "toolkit_version": core.toolkit_version(), "checked_at": core.utc_iso()}
-    if same_host:
-        r["newest_output_age_s"], r["newest_output"] = newest_output(run)
+                     "stale_code": stale_daemon(run_dir, dm, version)},
+         "unwatched": False, "sync": None, "toolkit_version": version, "checked_at": core.utc_iso(now)}
+    newest = machine.newest_output(run) if same_host else None
+    if newest:
+        r["newest_output_age_s"], r["newest_output"] = round(max(0.0, now - newest[0]), 1), newest[1]
     if not same_host:
         r["job_alive_note"] = "run.json host %s is not this machine (%s): pids not checked" % (host, here)
     sync = status.get("sync")
@@ -489,7 +530,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
         r["eta_s"], r["eta_basis"] = 0, "done"
 
     if want_gpu:
-        r["gpu"], r["gpu_reason"] = gpu_info(gpu_timeout)
+        r["gpu"], r["gpu_reason"] = machine.gpu(gpu_timeout)
     else:
         r["gpu_reason"] = "skipped (--no-gpu)"
     return r
@@ -519,15 +560,15 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-def add_cost(r, run_dir, rate):
-    """cost_so_far = hours from the job's start to its end (or now) x rate, rounded to cents."""
+def add_cost(r, run_dir, rate, now=None):
+    """cost_so_far = hours from the job's start to its end (or NOW) x rate, rounded to cents."""
     status = core.read_json(os.path.join(run_dir, "status.json"))
     started = core.parse_iso(status.get("started_at"))
     if started is None:
         r["cost_so_far"], r["cost_note"] = None, "no started_at in status.json yet"
         return
     ended = core.parse_iso(status.get("ended_at")) if r["status"] in TERMINAL else None
-    hours = max(0.0, ((ended or time.time()) - started) / 3600.0)
+    hours = max(0.0, ((ended or (time.time() if now is None else now)) - started) / 3600.0)
     r["cost_so_far"] = round(hours * rate, 2)
     r["cost_hours"] = round(hours, 3)
     r["cost_note"] = "job time x rate; the box may have billed longer"

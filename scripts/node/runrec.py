@@ -31,6 +31,9 @@ PREVIOUS = "previous"
 # the run dir only, never synced, read by the supervisor and boot_resume.py's replay; run.json holds it scrubbed.
 RAW_ARGV = ".launch-argv.json"
 RUN_LOCK = "run.lock"   # a dir holding the pid of the launcher, then of the supervisor
+# the job's cwd, then one --output glob per line: what status_facts.sh (a shell, which reads no JSON) needs to
+# find the newest output (launcher.write_outputs_list).
+OUTPUTS_LIST = "outputs.txt"
 # What the watchers already told about this run (first_progress per attempt, a disk still low), so a re-armed
 # dead-man does not tell it again. Written by the dead-man only; no secret in it.
 NOTIFIED = "notified.json"
