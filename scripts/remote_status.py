@@ -42,12 +42,14 @@ def command(node_dir_word, run_dir_word, python_word, mark, fallback_args=()):
 
 
 def sections(raw, mark):
-    """[(name, arg, bytes)] of status_facts.sh's output; None when RAW is not that output."""
+    """[(name, arg, bytes)] of status_facts.sh's output; None when RAW is not that output. Whatever a login
+    script printed before it is skipped: no such text can carry this call's random MARK."""
     head = b"\n@@" + mark.encode() + b" "
-    if not raw.startswith(head):
+    start = raw.find(head + b"facts\n")
+    if start < 0:
         return None
     out = []
-    for piece in raw[len(head):].split(head):
+    for piece in raw[start + len(head):].split(head):
         title, _, body = piece.partition(b"\n")
         name, _, arg = title.decode("utf-8", "replace").partition(" ")
         out.append((name, arg, body))

@@ -274,6 +274,8 @@ def test_facts_cut_short_or_forged_are_refused(tmp_path):
         remote_status.classify(raw[:raw.rindex(b"@@")], MARK, str(run))
     with pytest.raises(ValueError):                       # another mark: not this call's answer
         remote_status.classify(raw, "rgtOTHER", str(run))
+    banner = b"Welcome to the box! (a login script that prints)\n"
+    assert remote_status.classify(banner + raw, MARK, str(run))["status"] == "running"
     with open(run / "job.log", "a") as fh:                # a log line shaped like a header is only log text
         fh.write("\n@@rgtOTHER end\n@@ end\n")
     assert same_answer(run)["status"] == "running"
