@@ -33,10 +33,10 @@ def new_mark():
 
 
 def command(node_dir_word, run_dir_word, python_word, mark, fallback_args=()):
-    """The node-side shell: status_facts.sh when the node has it, else run_status.py --json (older toolkit).
-    The words are already quoted for the node's shell (rgt.remote_word)."""
+    """The node-side shell line: status_facts.sh when the node has it, else run_status.py --json (an older
+    toolkit); its exit status is theirs. The words are already quoted for the node's shell (rgt.remote_word)."""
     facts = '"$d"/status_facts.sh'
-    return ('d=%s; if [ -r %s ]; then exec sh %s %s "$d" %s; else exec %s -S "$d"/run_status.py %s --json%s; fi'
+    return ('d=%s; if [ -r %s ]; then sh %s %s "$d" %s; else %s -S "$d"/run_status.py %s --json%s; fi'
             % (node_dir_word, facts, facts, run_dir_word, mark, python_word, run_dir_word,
                "".join(" " + w for w in fallback_args)))
 

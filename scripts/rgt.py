@@ -685,35 +685,61 @@ def cost_line(rate, hours):
     return "%.2f so far at %.2f/h" % (rate * hours, rate)
 
 
+class StatusCall(object):
+    """One run's status as the node answers it in one trip: status_facts.sh's facts, classified here by
+    run_status.py's rules (remote_status.py); the node's run_status.py where the facts cannot settle it."""
+
+    def __init__(self, args, rid):
+        import remote_status   # imported while the trip connects (cmd_status), never before it
+        self.rid, self.run_dir = rid, run_paths(args, rid)[0]
+        self.mark, self.rate = remote_status.new_mark(), args.rate_per_hour
+        cost = ["--rate-per-hour", str(args.rate_per_hour)] if args.rate_per_hour is not None else []
+        self.argv = [node_python(args), "-S", node_tool(args, "run_status.py"), self.run_dir, "--json"] + cost
+        self.script = remote_status.command(remote_word(args.node_dir), remote_word(self.run_dir), self.argv[0],
+                                            self.mark, [remote_word(w) for w in cost])
+
+    def settle(self, raw, rc):
+        """(status, exit code) from what the node printed; None when only its run_status.py can tell."""
+        import remote_status
+        try:
+            status = remote_status.classify(raw, self.mark, self.run_dir, self.rate)
+            return status, status["exit"]
+        except remote_status.Incomplete:
+            return None
+        except ValueError:    # an older toolkit on the node: its run_status.py answered
+            try:
+                status = json.loads(text(raw))
+            except ValueError:
+                status = None
+            if not isinstance(status, dict):
+                raise core.CheckFailed("run_status.py gave no JSON (exit %d)" % rc)
+            return status, rc
+
+
 def cmd_status(args, ssh):
     rid = check_run_id(args.run_id)
     # The handshake is most of the trip: it starts first and the ledger is read meanwhile. The node's `sh -s`
     # runs only the script sent on stdin, so a run the ledger does not know runs nothing there.
     trip = args.early or ssh.start(fast_start.STATUS_SHELL)
     try:
-        run_dir, _results, _profile = run_paths(args, rid)
-        import remote_status   # run_status.py's rules, fed by status_facts.sh (no Python on the node)
-        mark = remote_status.new_mark()
-        cost = ["--rate-per-hour", str(args.rate_per_hour)] if args.rate_per_hour is not None else []
-        argv = [node_python(args), "-S", node_tool(args, "run_status.py"), run_dir, "--json"] + cost
-        script = remote_status.command(remote_word(args.node_dir), remote_word(run_dir), argv[0], mark,
-                                       [remote_word(w) for w in cost])
+        call = StatusCall(args, rid)
         spent = ledger_cost(args, rid)
     except BaseException:
         trip.abandon()
         raise
     try:
-        res = checked(trip.finish((script + "\n").encode(), 120), "status")
+        res = checked(trip.finish((call.script + "\n").encode(), 120), "status")
     except subprocess.TimeoutExpired:
         raise core.CheckFailed("ssh %s timed out after 120 s" % args.host)
     try:
-        status = remote_status.classify(res.stdout, mark, run_dir, args.rate_per_hour)
-        code = status["exit"]
-    except ValueError:      # an older toolkit on the node: its run_status.py answered
-        status, code = node_doc(args, res, argv), res.returncode
-    except remote_status.Incomplete:     # only the node can tell: ask its run_status.py (a second trip)
-        res, status = node_json(args, ssh, argv, "status", 120)
-        code = res.returncode
+        settled = call.settle(res.stdout, res.returncode)
+    except core.CheckFailed:
+        sys.stderr.write(text(res.stderr))
+        raise core.CheckFailed("run_status.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
+    if settled is None:      # only the node can tell: ask its run_status.py (a second trip)
+        res, status = node_json(args, ssh, call.argv, "status", 120)
+        settled = status, res.returncode
+    status, code = settled
     state = status.get("status") or status.get("state")
     record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"))
     status["cost_from_ledger"] = spent
@@ -807,6 +833,29 @@ PATROL_MARK = "@@rgt-exit "
 BAD_STATES = ("stalled", "failed", "sync_failed", "interrupted", "deadman_fired")
 
 
+def patrol_trip(args, ssh, jobs, read):
+    """Run each (shell line, call) of JOBS in ONE ssh call -> {rid: read(call, its output, its exit code)}."""
+    parts = [line + "; printf '\n%s%%s@@\n' \"$?\"" % PATROL_MARK for line, _call in jobs]
+    res = checked(ssh.run("; ".join(parts), timeout=300), "patrol")
+    pieces = re.split(br"\n?" + re.escape(PATROL_MARK.encode()) + br"(\d+)@@\n", res.stdout or b"")
+    done = {}
+    for index, (_line, call) in enumerate(jobs):
+        if 2 * index + 1 < len(pieces):
+            try:
+                done[call.rid] = read(call, pieces[2 * index], int(pieces[2 * index + 1]))
+            except (core.CheckFailed, core.UsageError) as exc:
+                done[call.rid] = ({"status": "unknown", "reason": str(exc)}, None)
+    return done
+
+
+def read_node_json(call, raw, rc):
+    try:
+        st = json.loads(text(raw))
+    except ValueError:
+        st = None
+    return (st, rc) if isinstance(st, dict) else None
+
+
 def patrol_verdict(st, min_free_gb):
     """(escalate?, why) for one run_status JSON object."""
     why = []
@@ -849,24 +898,15 @@ def cmd_patrol(args, ssh):
         return report(args, {"ok": True, "host": args.host, "runs": [], "escalate": False},
                       "%s patrol %s: no run of this box waits for the gate (ledger %s)"
                       % (core.OK, args.host, ledger_path(args.ledger)))
-    parts = []
-    for rid in rids:
-        run_dir, _r, _p = run_paths(args, rid)
-        argv = [node_python(args), "-S", node_tool(args, "run_status.py"), run_dir, "--json"]
-        if args.rate_per_hour is not None:
-            argv += ["--rate-per-hour", str(args.rate_per_hour)]
-        parts.append(remote_command(argv) + "; printf '\n%s%%s@@\n' \"$?\"" % PATROL_MARK)
-    res = checked(ssh.run("; ".join(parts), timeout=300), "patrol")
-    import re
-    pieces = re.split(r"\n?%s(\d+)@@\n" % re.escape(PATROL_MARK), text(res.stdout))
+    calls = [StatusCall(args, rid) for rid in rids]
+    settled = patrol_trip(args, ssh, [(c.script, c) for c in calls], lambda c, raw, rc: c.settle(raw, rc))
+    unsettled = [c for c in calls if settled.get(c.rid) is None]
+    if unsettled:      # what only the node's run_status.py can tell, asked in one more trip
+        settled.update(patrol_trip(args, ssh, [(remote_command(c.argv), c) for c in unsettled], read_node_json))
     results, escalate, lines = [], False, []
-    for index, rid in enumerate(rids):
-        try:
-            st = json.loads(pieces[2 * index])
-            if not isinstance(st, dict):
-                raise ValueError
-        except (ValueError, IndexError):
-            st = {"status": "unknown", "reason": "run_status.py gave no JSON (is the toolkit pushed?)"}
+    for rid in rids:
+        st = (settled.get(rid) or ({"status": "unknown", "reason": "run_status.py gave no JSON (is the toolkit "
+                                                                     "pushed?)"}, None))[0]
         bad, why = patrol_verdict(st, args.min_free_gb)
         if st.get("status") == "unknown":
             bad, why = True, [st["reason"]]

@@ -384,3 +384,28 @@ def test_a_run_the_ledger_does_not_know_runs_nothing_on_the_node(tmp_path, sshd_
     assert not starts.exists()
     assert not any('"status"' in line for line in (tmp_path / "ledger.jsonl").read_text().splitlines())
     need("ssh")
+
+
+def test_patrol_settles_each_run_from_facts_and_asks_the_node_only_for_the_rest(tmp_path, sshd_server, node):
+    """Three runs in one patrol: one the facts settle, one only the node can (a compact state file), one gone.
+    The node's Python starts once, for the second; the gone one escalates with the reason."""
+    run, starts = node
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    run.rename(runs / "r1")
+    (runs / "r2").mkdir()
+    for name in ("run.json", "exit_code", "job.log"):
+        (runs / "r2" / name).write_bytes((runs / "r1" / name).read_bytes())
+    write(runs / "r2" / "status.json", dict(json.loads((runs / "r1" / "status.json").read_text()),
+                                            job_pid=dead_pid(), run_id="r2"), compact=True)
+    res = subprocess.run([sys.executable, str(SCRIPTS / "rgt.py"), "--ssh-config", str(sshd_server.config),
+                          "--node-dir", str(tmp_path / "node-bin"), "--ledger", str(tmp_path / "ledger.jsonl"),
+                          "--json", "patrol", "gpu-box", "r1", "r2", "r3", "--durable-dir", str(tmp_path),
+                          "--min-free-gb", "0"], capture_output=True, text=True, timeout=300)
+    report = json.loads(res.stdout)
+    by_id = {r["run_id"]: r for r in report["runs"]}
+    assert by_id["r1"]["status"]["status"] == by_id["r2"]["status"]["status"] == "succeeded", res.stderr
+    assert not by_id["r1"]["escalate"] and not by_id["r2"]["escalate"]
+    assert by_id["r3"]["escalate"] and "no such run dir" in by_id["r3"]["why"][0]
+    assert res.returncode == rgt.PATROL_ESCALATE
+    assert starts.read_text().count("run_status.py") == 1 and "runs/r2" in starts.read_text()
