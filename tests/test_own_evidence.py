@@ -301,6 +301,10 @@ def test_finding_field_R2_the_heartbeat_tells_the_step_an_attempt_resumed_at(box
     assert "resumed at step 2 (from ckpt/old.txt), below the durable copy's step 10" in sync["kept_generation"]["why"]
     assert sync["continuity"]["resumed_source"].startswith("heartbeat.json"), sync["continuity"]
     assert (box.durable / "generations" / "hb" / "1" / "out" / "model.bin").read_text() == "hb trained from step 0\n"
+    jsonschema = pytest.importorskip("jsonschema")      # first_step, sync.step and sync.continuity are in its schema
+    jsonschema.validate(box.status("hb"), json.loads((NODE / "status.schema.json").read_text()))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(dict(box.status("hb"), first_step=2), json.loads((NODE / "status.schema.json").read_text()))
 
 
 # ---------------------------------------------------------------- R4: the sweep never copies another run's files
