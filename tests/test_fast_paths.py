@@ -216,6 +216,41 @@ def test_fast_tar_verifies_the_bytes_it_hashed_while_writing(tmp_path):
     assert problems == []
 
 
+def test_fast_tar_writes_a_big_member_on_a_thread_byte_for_byte_and_raises_its_write_error(tmp_path):
+    """A member of several chunks is written by ChunkWriter while the next chunk is hashed: the file holds the
+    exact bytes whose digest is returned; a write that fails (a full disk) fails the copy, in the caller."""
+    sys.path.insert(0, str(SCRIPTS))
+    import hashlib
+    import pull_verified as pv
+    data = os.urandom(3 * pv.TAR_CHUNK + 12345)
+    stream = stream_of(tmp_path, [], extra=[("./big.bin", data)])
+
+    class Guard:
+        def moved(self, count):
+            pass
+
+    tar = pv.TarStream(io.BufferedReader(io.BytesIO(stream)), Guard())
+    name, size, kind = next(tar.members())
+    with open(tmp_path / "big.bin", "wb", buffering=0) as out:
+        digest = tar.copy_member(size, out)
+    assert (name, size, kind) == ("./big.bin", len(data), "file")
+    assert (tmp_path / "big.bin").read_bytes() == data and digest == hashlib.sha256(data).hexdigest()
+
+    class FullDisk:
+        written = 0
+
+        def write(self, view):
+            if self.written >= pv.TAR_CHUNK:
+                raise OSError(28, "No space left on device")
+            self.written += len(view)
+            return len(view)
+
+    tar = pv.TarStream(io.BufferedReader(io.BytesIO(stream)), Guard())
+    _name, size, _kind = next(tar.members())
+    with pytest.raises(OSError, match="No space left"):
+        tar.copy_member(size, FullDisk())
+
+
 def test_fast_tar_rejects_a_flipped_byte(tmp_path):
     root = results(tmp_path)
     with open(root / "ckpt" / "epoch_1.pt", "r+b") as fh:
