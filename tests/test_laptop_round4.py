@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS
+from conftest import NODE, REPO, SCRIPTS, wait_for
 from sshd_fixture import sshd_server  # noqa: F401  (the real sshd on 127.0.0.1)
 
 SKILL = "remote-gpu-trainer"
@@ -387,7 +387,6 @@ RESUMABLE_JOB = (
 
 
 def launch_resumable(tmp_path, server, rid, durable, work):
-    from test_run_one import wait_for
     work.mkdir(exist_ok=True)
     (work / "job.py").write_text(RESUMABLE_JOB)
     assert rgt(tmp_path, server, "push", "gpu-box", "--transport", "tar").returncode == 0
@@ -445,7 +444,6 @@ def durable(tmp_path):
 
 
 def test_finding_laptop_1_the_gate_refuses_while_a_resumed_attempt_runs(tmp_path, sshd_server, durable):  # noqa: F811
-    from test_run_one import wait_for
     work = tmp_path / "work"
     launch_resumable(tmp_path, sshd_server, "res2", durable, work)
     resumed = rgt(tmp_path, sshd_server, "resume", "gpu-box", "res2")
@@ -601,7 +599,6 @@ def rgt_at(tmp_path, config, *args, port=None):
 
 def test_finding_laptop_3_and_review_B5_two_boxes_at_one_address_stay_two(tmp_path, sshd_server, second_sshd,
                                                                             durable):  # noqa: F811
-    from test_run_one import wait_for
     import getpass
     user = getpass.getuser()
     a, b = sshd_server, second_sshd
