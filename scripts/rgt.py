@@ -61,6 +61,10 @@ succeeded run, past the attempt cap (--max-attempts overrides the launch's) or -
 run with no resume adapter whose verified outputs its restart from step 0 would supersede, unless
 --force-restart (the old outputs are then kept on the node as a generation, DURABLE_DIR/generations/RID/N).
 
+status and patrol: one ssh round trip each; the node runs status_facts.sh (no Python starts there) and this
+laptop classifies what it sent by run_status.py's own rules (scripts/remote_status.py). A run those facts cannot
+settle (another toolkit version on the node, busybox tools) is asked of the node's run_status.py in one more trip.
+
 sweep: before a box that ran several runs is released, final_sweep.py on it over the runs dirs the ledger
 knows for HOST (or --durable-dir's): every run verified on durable storage, stale ones synced again, what
 cannot be saved listed; its exit codes pass through (0 every run saved, 1 not, 3 --check-only found work).
@@ -1150,7 +1154,8 @@ def build_parser(only=None):
                        help="budget in the rate's currency: arms the dead-man's wall-clock cap to match")
         p.add_argument("--instance", help="PROVIDER:ID of the box (billing joins on it; a budget reads its rate there)")
     if wanted("status"):
-        p = host_cmd("status", "classify a run (run_status.py)", run_id=True)
+        p = host_cmd("status", "what a run is doing, in one round trip (run_status.py's states and exit codes)",
+                     run_id=True)
         p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
     if wanted("patrol"):
         p = host_cmd("patrol", "the scheduled check-in: one round trip, a short report, exit 10 to escalate")
