@@ -260,6 +260,15 @@ def test_unsure_facts_go_back_to_the_node(tmp_path, live):
     with pytest.raises(remote_status.Incomplete, match="older toolkit"):
         remote_status.classify(facts(run), MARK, str(run))
 
+    busybox = tmp_path / "busybox"                       # a date(1) with no %N: the clock is not read exactly
+    busybox.mkdir()
+    (busybox / "date").write_text("#!/bin/sh\necho 1796000000.%N\n")
+    (busybox / "date").chmod(0o755)
+    env = dict(os.environ, PATH="%s:%s" % (busybox, os.environ["PATH"]))
+    raw = subprocess.run(["sh", str(FACTS), str(run), str(NODE), MARK], capture_output=True, env=env).stdout
+    with pytest.raises(remote_status.Incomplete, match="unreadable fact"):
+        remote_status.classify(raw, MARK, str(run))
+
     stamped = tmp_path / "node"
     stamped.mkdir()
     (stamped / "VERSION.json").write_text(core.dumps({"version": "0123456789abcdef", "files": {}}))
