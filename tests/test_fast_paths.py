@@ -216,9 +216,9 @@ def test_fast_tar_verifies_the_bytes_it_hashed_while_writing(tmp_path):
     assert problems == []
 
 
-def test_fast_tar_writes_a_big_member_on_a_thread_byte_for_byte_and_raises_its_write_error(tmp_path):
-    """A member of several chunks is written by ChunkWriter while the next chunk is hashed: the file holds the
-    exact bytes whose digest is returned; a write that fails (a full disk) fails the copy, in the caller."""
+def test_fast_tar_writes_a_big_member_piece_by_piece_byte_for_byte_and_raises_a_write_error(tmp_path):
+    """A member of several chunks is hashed and written a WRITE_PIECE at a time: the file holds the exact bytes
+    whose digest is returned, in pieces no larger than WRITE_PIECE; a write that fails (a full disk) fails it."""
     sys.path.insert(0, str(SCRIPTS))
     import hashlib
     import pull_verified as pv
@@ -229,12 +229,20 @@ def test_fast_tar_writes_a_big_member_on_a_thread_byte_for_byte_and_raises_its_w
         def moved(self, count):
             pass
 
+    class Pieces(io.BytesIO):
+        sizes = []
+
+        def write(self, view):
+            self.sizes.append(len(view))
+            return super().write(view)
+
     tar = pv.TarStream(io.BufferedReader(io.BytesIO(stream)), Guard())
     name, size, kind = next(tar.members())
-    with open(tmp_path / "big.bin", "wb", buffering=0) as out:
-        digest = tar.copy_member(size, out)
+    out = Pieces()
+    digest = tar.copy_member(size, out)
     assert (name, size, kind) == ("./big.bin", len(data), "file")
-    assert (tmp_path / "big.bin").read_bytes() == data and digest == hashlib.sha256(data).hexdigest()
+    assert out.getvalue() == data and digest == hashlib.sha256(data).hexdigest()
+    assert max(out.sizes) == pv.WRITE_PIECE < pv.TAR_CHUNK and sum(out.sizes) == len(data)
 
     class FullDisk:
         written = 0
