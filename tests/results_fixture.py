@@ -1,4 +1,5 @@
-"""A finished run's results for the pull, manifest and gate drills (test_pull.py, test_redteam.py).
+"""A finished run's results for the pull, manifest and gate drills (test_pull.py, test_redteam.py), and the
+verified pull run on it.
 
 The `node` and `profile_env` fixtures in conftest.py are built from these helpers.
 """
@@ -11,6 +12,8 @@ from pathlib import Path
 from conftest import NODE
 
 BUILD = NODE / "build_pull_manifest.py"
+PULL = NODE.parent / "pull_verified.py"
+GATE = NODE.parent / "teardown_gate.py"
 ROSTER = ("ckpt/**", "metrics.jsonl", "final.json")
 RUN = "run-7"
 
@@ -70,3 +73,16 @@ def node_results(tmp_path: Path) -> Path:
     done = build(root)
     assert done.returncode == 0, done.stdout + done.stderr
     return root
+
+
+def pull(source, dest, rsh=None, *extra):
+    args = ["--source", source, "--dest", dest, *extra]
+    if rsh:
+        args += ["--rsh", rsh]
+    return run(PULL, *args)
+
+
+def flip_byte(path: Path, offset: int, mask: int = 0x01):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))

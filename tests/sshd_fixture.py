@@ -15,6 +15,7 @@ import os
 import shlex
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -204,3 +205,13 @@ def start_bare_sshd(base: Path) -> SshdServer:
 
 # The fixtures live in conftest.py; these names stay importable for test modules written against the old layout.
 from conftest import bare_node_sshd, sshd_server  # noqa: E402,F401
+
+
+def rgt(tmp_path, server, *args, timeout=300):
+    """rgt.py against SERVER (its alias gpu-box), with a node-bin and a ledger of its own under TMP_PATH."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "rgt.py"
+    base = [sys.executable, str(script), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
+            "--ledger", str(tmp_path / "ledger.jsonl")]
+    env = dict(os.environ, RGT_PROFILE_INDEX="")
+    env.pop("RGT_PROFILE_INDEX")
+    return subprocess.run(base + list(args), capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)

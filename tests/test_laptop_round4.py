@@ -151,7 +151,7 @@ def test_finding_laptop_9_the_node_records_the_launch_scrubbed_and_runs_it_raw(b
     {"outputs": {"durable_dir": "/mnt/my data"}},
 ], ids=["partition", "account", "env-key", "env-value-newline", "durable-dir-blank"])
 def test_finding_laptop_7_render_job_refuses_text_that_would_run_as_shell(tmp_path, target, bad):
-    from test_render_job import SCHEMA, render, request
+    from render_fixture import SCHEMA, render, request
     path = request(tmp_path, **bad)
     res = render(path, target, check=False)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stdout + res.stderr

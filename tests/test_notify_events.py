@@ -17,7 +17,7 @@ import pytest
 
 from conftest import NODE, kill_everything_of, need_root, wait_for, webhook_target
 from conftest import read_json as read
-from test_watchers import DEADMAN, POLL, cfg_for, finished_run, running_status, stand_in
+from watch_fixture import DEADMAN, POLL, cfg_for, finished_run, running_status, stand_in
 
 sys.path.insert(0, str(NODE))
 import deadman  # noqa: E402

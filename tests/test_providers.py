@@ -8,7 +8,6 @@ except the hang drills, which only assert an upper bound.
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -495,7 +494,7 @@ def find_key(doc, key):
 
 
 def test_billing_max_cost_arms_the_dead_man_cap_and_status_shows_cost(tmp_path, sshd_server, monkeypatch):  # noqa: F811
-    from test_rgt_cli import rgt
+    from sshd_fixture import rgt
     durable, work = tmp_path / "durable", tmp_path / "work"
     assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
     runs = {}

@@ -20,34 +20,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_module, path_without
-from results_fixture import BUILD, HEAD, PROFILE, ROSTER, RUN, build, make_results, run  # noqa: F401
+from conftest import NODE, SCRIPTS, missing, need, need_module, path_without
+from results_fixture import (BUILD, GATE, HEAD, PROFILE, PULL, ROSTER, RUN, build, flip_byte, make_results,  # noqa: F401
+                            pull, run)
 
 sys.path.insert(0, str(SCRIPTS)); sys.path.insert(0, str(NODE))
 import evidence  # noqa: E402
 import pull_verified  # noqa: E402  (pure helpers, tested in-process)
 
-PULL = SCRIPTS / "pull_verified.py"
-GATE = SCRIPTS / "teardown_gate.py"
 SCHEMA = NODE / "manifest.schema.json"
 
 # ---------------------------------------------------------------- helpers
 
 def sha(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def pull(source, dest, rsh=None, *extra):
-    args = ["--source", source, "--dest", dest, *extra]
-    if rsh:
-        args += ["--rsh", rsh]
-    return run(PULL, *args)
-
-
-def flip_byte(path: Path, offset: int, mask: int = 0x01):
-    data = bytearray(path.read_bytes())
-    data[offset] ^= mask
-    path.write_bytes(bytes(data))
 
 
 def fail_codes(stdout: str) -> set:

@@ -38,13 +38,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO, SCRIPTS, need, path_without, wait_for
-from results_fixture import RUN, build, make_results, run
-from test_pull import GATE, PULL, flip_byte, pull
+from results_fixture import GATE, PULL, RUN, build, flip_byte, make_results, pull, run
 
 pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test here is a finding
 

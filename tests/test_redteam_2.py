@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, need, need_module
-from test_repro import committed_project, git
+from conftest import NODE, SCRIPTS, need_module
+from repro_fixture import committed_project, git
 from conftest import read_json as read
 
 sys.path.insert(0, str(NODE))

@@ -8,53 +8,17 @@ import shlex
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import NODE, REPO, missing, need, need_module, need_root
+from render_fixture import SCHEMA, render, request
 
-RENDER = REPO / "scripts" / "render_job.py"
-SCHEMA = REPO / "scripts" / "job_request.schema.json"
 K8S_VERSION = "1.33.0"  # the Kubernetes version the manifests are validated against (schemas in kubernetes-validate)
 sys.path.insert(0, str(REPO / "scripts"))
 import render_job  # noqa: E402
 
 CONTRACT = ("RGT_RUN_ID", "RGT_RUN_DIR", "RGT_HEARTBEAT", "RGT_CKPT_DIR", "RGT_ATTEMPT", "RGT_RESUME_FROM")
-
-
-def request(tmp, **over):
-    req = {
-        "name": "drill",
-        "command": ["train.py", "--steps", "100"],
-        "workdir": "/workspace/code",
-        "image": "ghcr.io/example/train@sha256:" + "0" * 64,
-        "env": {"NCCL_DEBUG": "INFO"},
-        "resources": {"nodes": 2, "gpus_per_node": 8, "gpu_type": "H100", "cpus_per_node": 32, "memory_gb": 256,
-                      "time_limit_minutes": 720},
-        "outputs": {"durable_dir": "/shared/rgt", "roster": ["final.json", "ckpt/ckpt-*.pt"],
-                    "pvc": {"claim": "rgt-results", "size_gb": 200}, "bucket": {"name": "rgt-results-x", "store": "s3"}},
-        "checkpoint": {"save_seconds": 90, "resume_args": ["--resume", "{latest}"]},
-        "deadman": {"max_restarts": 2, "max_hours": 48, "stall_minutes": 30, "idle_minutes": 15},
-    }
-    for key, value in over.items():
-        if value is None:
-            req.pop(key, None)
-        elif isinstance(value, dict) and isinstance(req.get(key), dict):
-            req[key] = {k: v for k, v in dict(req[key], **value).items() if v is not None}
-        else:
-            req[key] = value
-    path = Path(tmp) / ("req-%d.json" % len(list(Path(tmp).glob("req-*.json"))))
-    path.write_text(json.dumps(req))
-    return path
-
-
-def render(path, target, *extra, check=True):
-    res = subprocess.run([sys.executable, str(RENDER), str(path), "--to", target, *extra], capture_output=True,
-                         text=True, timeout=60)
-    if check:
-        assert res.returncode == 0, res.stderr
-    return res
 
 
 def yaml_docs(text):

@@ -6,23 +6,16 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import NODE, REPO, SCRIPTS, need, wait_for
+from repro_fixture import committed_project, git
 
 RUN_ONE = str(NODE / "run_one.sh")
 RUN_ENV = str(NODE / "run_env.py")
 REPRO = str(SCRIPTS / "repro.py")
 TRAIN = REPO / "examples" / "train_resumable.py"
-
-
-def git(cwd, *args):
-    res = subprocess.run(["git", "-C", str(cwd), "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
 
 
 @pytest.fixture
@@ -176,18 +169,6 @@ with open(metrics, "w") as fh:
 if out:
     open(out, "w").write("written by the job\n")
 '''
-
-
-def committed_project(tmp_path, source):
-    """A git repo in TMP_PATH/proj whose one commit holds job.py = SOURCE."""
-    need("git")
-    proj = tmp_path / "proj"
-    proj.mkdir()
-    git(proj, "init", "-q")
-    (proj / "job.py").write_text(source)
-    git(proj, "add", "job.py")
-    git(proj, "commit", "-qm", "job")
-    return proj
 
 
 def hand_recorded(tmp_path, tail=()):

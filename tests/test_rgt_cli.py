@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import NODE, SCRIPTS, end_runs_under, need, path_without, wait_for
+from sshd_fixture import rgt
 
 RGT = SCRIPTS / "rgt.py"
 
@@ -21,14 +22,6 @@ def end_remote_runs(tmp_path):
     """The runs launched on the 'node' arm dry-run dead-men that watch until their grace: end them afterwards."""
     yield
     end_runs_under(tmp_path)
-
-
-def rgt(tmp_path, server, *args, timeout=300):
-    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
-            "--ledger", str(tmp_path / "ledger.jsonl")]
-    env = dict(os.environ, RGT_PROFILE_INDEX="")
-    env.pop("RGT_PROFILE_INDEX")
-    return subprocess.run(base + list(args), capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
 
 
 @pytest.mark.parametrize("transport", ["tar", "rsync"])

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import NODE, missing, webhook_target
+from watch_fixture import DEADMAN, POLL, cfg_for, finished_run, running_status, stand_in
 
 sys.path.insert(0, str(NODE))
 import deadman  # noqa: E402
@@ -29,53 +30,18 @@ import launcher  # noqa: E402
 
 pytestmark = [pytest.mark.drill("wave-3 review findings stay fixed")]
 
-DEADMAN = str(NODE / "deadman.py")
 IDLE = str(NODE / "idle_watch.py")
 RUN_STATUS = str(NODE / "run_status.py")
-POLL = "0.05"
-
-
-def stand_in(folder, name="stop", rc=0, shebang=True):
-    """A stop command that appends one line per call to <name>.calls and exits RC."""
-    calls = folder / ("%s.calls" % name)
-    script = folder / ("%s.sh" % name)
-    body = 'echo "%s $*" >> "%s"\nexit %d\n' % (name, calls, rc)
-    script.write_text(("#!/bin/sh\n" if shebang else "") + body)
-    script.chmod(0o755)
-    return str(script), calls
 
 
 def calls_of(path):
     return path.read_text().splitlines() if path.exists() else []
 
 
-def finished_run(folder, **extra):
-    run = folder / "run"
-    run.mkdir(parents=True, exist_ok=True)
-    doc = {"state": "succeeded", "exit_code": 0, "ended_at": core.utc_iso()}
-    doc.update(extra)
-    (run / "status.json").write_text(json.dumps(doc))
-    return run
-
-
 def arm_fg(run, *args, env=None, timeout=60):
     return subprocess.run([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
                            "--foreground", *map(str, args)], capture_output=True, text=True, env=env,
                           timeout=timeout)
-
-
-def cfg_for(run, *args):
-    """The dead-man's config for these arm options, built by its own parser (no process)."""
-    ns = deadman.build_parser().parse_args(["arm", "--run-dir", str(run), *map(str, args)])
-    cfg, _warnings = deadman.build_config(ns, str(run))
-    return cfg
-
-
-def running_status(run, proc, **extra):
-    doc = {"state": "running", "run_id": run.name, "job_pid": proc.pid,
-           "job_identity": core.process_identity(proc.pid), "started_at": core.utc_iso()}
-    doc.update(extra)
-    (run / "status.json").write_text(json.dumps(doc))
 
 
 # ----------------------------------------------------------------------------- the stop engine: drills
