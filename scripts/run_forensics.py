@@ -1331,6 +1331,14 @@ def cmd_plot(args):
 EXIT_EPILOG = core.exit_codes_epilog(__doc__)
 
 
+def spike_options(p, note=""):
+    """--window and --z, the spike rule's two knobs, for curve and for plot (which marks what curve reports)."""
+    p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10, metavar="N",
+                   help="neighbours a spike is judged against%s (default 10)" % note)
+    p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0, metavar="Z",
+                   help="robust z-score above which a point is a spike%s (default 6)" % note)
+
+
 def build_parser():
     parser = core.Parser(prog=PROG, description="Run forensics from a run's own records (see the docstring).",
                          formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
@@ -1362,10 +1370,7 @@ def build_parser():
     p.add_argument("--metric", required=True, metavar="NAME", help="the metric whose curve is read")
     p.add_argument("--mode", **mode)
     p.add_argument("--log-regex", **log_rx)
-    p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10, metavar="N",
-                   help="neighbours a spike is judged against (default 10)")
-    p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0, metavar="Z",
-                   help="robust z-score above which a point is a spike (default 6)")
+    spike_options(p)
     p.add_argument("--flat-k", type=core.arg_number(int, 2, 10 ** 9), default=20, metavar="K",
                    help="the last K points are checked for a flat tail (default 20)")
     p.add_argument("--flat-tol", type=core.arg_number(float, 0.0, 1.0), default=1e-6, metavar="T",
@@ -1379,10 +1384,7 @@ def build_parser():
     p.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write (atomically; replaced if there)")
     p.add_argument("--mode", **mode)
     p.add_argument("--log-regex", **log_rx)
-    p.add_argument("--window", type=core.arg_number(int, 4, 10001), default=10, metavar="N",
-                   help="neighbours a spike is judged against, as in curve (default 10)")
-    p.add_argument("--z", type=core.arg_number(float, 0.0, 1e9, low_open=True), default=6.0, metavar="Z",
-                   help="robust z-score above which a point is marked a spike, as in curve (default 6)")
+    spike_options(p, ", as in curve")
     p.add_argument("--size", type=size_arg, default=PLOT_SIZE, metavar="WxH",
                    help="the image size in pixels (default %dx%d)" % PLOT_SIZE)
     p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
