@@ -20,7 +20,6 @@ import rgt_core as core
 import run_status
 import evidence
 
-STATE_FILES = ("run.json", "status.json", "heartbeat.json", "deadman.json", "DEADMAN_FIRED.json", "exit_code")
 LOG = "job.log"
 
 
