@@ -225,15 +225,22 @@ def own_run_registry(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("RGT_REGISTRY", str(tmp_path_factory.mktemp("registry")))
 
 
+def state_files(root):
+    """The deadman.json, status.json and idle_watch.json files under ROOT. os.walk, not Path.rglob: a run still
+    ending removes folders (run.lock) while it is walked, and a folder gone mid-walk is skipped, not an error."""
+    for folder, _dirs, names in os.walk(str(root)):
+        for name in names:
+            if name in ("deadman.json", "status.json", "idle_watch.json"):
+                yield Path(folder) / name
+
+
 def end_runs_under(root) -> list:
     """Disarm every dead-man recorded under ROOT and kill (by recorded pid) the dead-men, supervisors, jobs and idle
     watchers its run and watch dirs name, when the process still runs from ROOT. Returns the pids it signalled.
     For tests whose runs are launched by a tool (rgt.py, boot_resume.py) rather than by a `box`."""
     root, hit = str(root), []
     spare = {os.getpid(), os.getppid()}   # a test may record itself as a run's process: never end the test run
-    for record in sorted(Path(root).rglob("*.json")):
-        if record.name not in ("deadman.json", "status.json", "idle_watch.json"):
-            continue
+    for record in sorted(state_files(root)):
         doc = read_json(record)
         if not isinstance(doc, dict):   # bad-input tests write lists and worse
             continue
