@@ -152,12 +152,9 @@ class Snapshot(run_status.Here):
         here = self.facts.stat.get(".")
         if len(words) != 5 or here is None:
             raise Incomplete("no disk figures from the node")
-        frsize, bavail, blocks, ffree, files = (number(w, int) for w in words)
-        free = bavail * frsize
-        return run_status.disk_percentages({
-            "path": self.run_dir, "measured_at": self.run_dir, "dev": here[3], "free_bytes": free,
-            "free_gib": round(free / float(1 << 30), 2), "total_bytes": blocks * frsize,
-            "free_inodes": ffree if files > 0 else None, "total_inodes": files if files > 0 else None})
+        frsize, bavail, blocks, ffree, files = (number(w, int) for w in words)   # Linux: f_favail is f_ffree
+        return run_status.disk_percentages(core.disk_figures(self.run_dir, self.run_dir, here[3], frsize, bavail,
+                                                             blocks, ffree, files))
 
     def newest_output(self, run):
         outputs, cwd = (run or {}).get("outputs"), (run or {}).get("cwd")
@@ -194,7 +191,7 @@ class Snapshot(run_status.Here):
             raise Incomplete("the node could not bound nvidia-smi")
         if rc == "none":
             return None, "nvidia-smi not found"
-        if rc == "124":
+        if rc in ("124", "137"):     # timeout(1): TERM after 3 s, KILL a second later
             return run_status.gpu_parse(None, out, True, timeout)
         return run_status.gpu_parse(number(rc, int), out)
 

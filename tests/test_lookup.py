@@ -36,7 +36,7 @@ def test_every_listed_term_is_advertised():
 
 
 @pytest.mark.parametrize("term", sorted(TERMS))
-def test_lookup_finds_an_entry_for_the_term(term):
+def test_finding_laptop_15_lookup_finds_an_entry_for_the_term(term):
     res = subprocess.run([sys.executable, str(SCRIPTS / "lookup.py"), "--json", term], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, SCRIPTS, need
+from conftest import NODE, SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(NODE))
@@ -400,7 +400,6 @@ def test_a_run_the_ledger_does_not_know_runs_nothing_on_the_node(tmp_path, sshd_
     assert res.returncode == 2 and "no launch of run 'never-launched'" in res.stderr
     assert not starts.exists()
     assert not any('"status"' in line for line in (tmp_path / "ledger.jsonl").read_text().splitlines())
-    need("ssh")
 
 
 def test_patrol_settles_each_run_from_facts_and_asks_the_node_only_for_the_rest(tmp_path, sshd_server, node):

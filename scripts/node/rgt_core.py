@@ -803,12 +803,16 @@ def disk_check(path):
     """Free bytes and inodes of the filesystem holding PATH (or its nearest existing parent)."""
     probe = nearest_existing(path)
     st = os.statvfs(probe)
-    free = st.f_bavail * st.f_frsize
-    return {"path": path, "measured_at": probe, "dev": os.stat(probe).st_dev,
-            "free_bytes": free, "free_gib": round(free / float(1 << 30), 2),
-            "total_bytes": st.f_blocks * st.f_frsize,
-            "free_inodes": st.f_favail if st.f_files > 0 else None,
-            "total_inodes": st.f_files if st.f_files > 0 else None}
+    return disk_figures(path, probe, os.stat(probe).st_dev, st.f_frsize, st.f_bavail, st.f_blocks, st.f_favail,
+                        st.f_files)
+
+
+def disk_figures(path, probe, dev, frsize, bavail, blocks, favail, files):
+    """disk_check's dict from statvfs numbers (also as `stat -f` prints them on a node: remote_status.py)."""
+    free = bavail * frsize
+    return {"path": path, "measured_at": probe, "dev": dev,
+            "free_bytes": free, "free_gib": round(free / float(1 << 30), 2), "total_bytes": blocks * frsize,
+            "free_inodes": favail if files > 0 else None, "total_inodes": files if files > 0 else None}
 
 
 def write_probe(folder):

@@ -75,6 +75,7 @@ Exit codes:
 """
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -179,8 +180,7 @@ GPU_QUERY = ["--query-gpu=index,utilization.gpu,memory.used,memory.total", "--fo
 
 
 def gpu_info(timeout):
-    found = (os.path.join(d, "nvidia-smi") for d in os.environ.get("PATH", "").split(os.pathsep) if d)
-    exe = next((x for x in found if os.path.isfile(x) and os.access(x, os.X_OK)), None)   # shutil.which
+    exe = shutil.which("nvidia-smi")
     if not exe:
         return None, "nvidia-smi not found"
     res = core.run_bounded([exe] + GPU_QUERY, timeout, kill_grace=0.5)
