@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, need, pid_alive, wait_for
+from conftest import NODE, SCRIPTS, TOOLS, need, need_root, pid_alive, wait_for
 
 sys.path.insert(0, str(NODE))
 import evidence  # noqa: E402
@@ -896,8 +896,7 @@ def test_finding_13_the_ssh_wait_is_capped(tmp_path, procs, quiet_ssh_host, sshd
 
 
 def test_finding_13_an_idle_ssh_session_stops_holding_the_deadman_off(tmp_path, procs, quiet_ssh_host, sshd_server):
-    if os.geteuid() != 0:
-        pytest.skip("traffic counters of sshd's session processes (/proc/PID/io) are readable by root only")
+    need_root("reading the traffic counters of sshd's session processes (/proc/PID/io)")
     run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
     baseline = ssh_session_count(run)
     open_idle_session(sshd_server, procs)
