@@ -27,7 +27,8 @@ import evidence
 
 LOG = "job.log"
 # Every name status_facts.sh sends (its STATE_FILES, job.log, run.lock, outputs.txt and the run dir itself).
-STATE_FILES = ("run.json", "status.json", "heartbeat.json", "deadman.json", core.DEADMAN_FIRED_FILE, "exit_code")
+STATE_FILES = ("run.json", "status.json", "heartbeat.json", "deadman.json", core.DEADMAN_FIRED_FILE, "exit_code",
+               "lease.json")
 NAMES = frozenset(STATE_FILES + (LOG, "run.lock", "outputs.txt", "."))
 MAX_STATE_FILE = 8 << 20       # the node's state files are a few KB; a bigger one is not believed
 MAX_LOG = 1 << 40              # a job.log size past 1 TiB is not believed (its replay is a sparse file)

@@ -661,6 +661,10 @@ def cmd_launch(args, ssh):
         argv += ["--durable-dir", args.durable_dir]
     argv += options + ["--"] + job
     ledger_writable(ledger_path(args.ledger))   # before the node acts: a launch never runs unrecorded
+    import reap
+    reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
+    if reaper:           # only a launch that names its instance can be reaped
+        sys.stderr.write(reaper + "\n")
     secrets = core.url_secrets(job)
     if secrets:
         sys.stderr.write("WARN %d job argument(s) hold a URL credential (user:password@ or a signed query): the "
@@ -743,6 +747,13 @@ class StatusCall(object):
             return status, rc
 
 
+def lease_fields(status):
+    """The run's lease as status read it, for its ledger row: the reaper (scripts/reap.py) works from the last
+    copy when the box no longer answers."""
+    lease = status.get("lease")
+    return {"lease": lease} if isinstance(lease, dict) else {}
+
+
 def cmd_status(args, ssh):
     rid = check_run_id(args.run_id)
     # The handshake is most of the trip: it starts first and the ledger is read meanwhile. The node's `sh -s`
@@ -772,7 +783,8 @@ def cmd_status(args, ssh):
         settled = status, res.returncode
     status, code = settled
     state = status.get("status") or status.get("state")
-    record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"))
+    record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"),
+           **lease_fields(status))
     status["cost_from_ledger"] = spent
     if args.json:
         core.emit_json(status)
@@ -951,7 +963,7 @@ def cmd_patrol(args, ssh):
         results.append({"run_id": rid, "escalate": bad, "why": why, "status": st})
         lines.append("  " + core.safe_line(patrol_line(rid, st) + ("  <- ESCALATE: " + "; ".join(why) if bad else "")))
         record(args, event="patrol", run_id=rid, state=st.get("status"),
-                      attempt=st.get("attempt"))
+                      attempt=st.get("attempt"), **lease_fields(st))
     head = "%s patrol %s: %d run(s)%s" % ("ESCALATE" if escalate else core.OK, args.host, len(rids),
                                          "" if escalate else ", nothing needs you")
     if args.json:
@@ -1127,7 +1139,7 @@ Copy the project to the node yourself first (rsync, or git clone there): push sh
 
 
 COMMANDS = ("push", "probe", "launch", "status", "patrol", "logs", "ack", "resume", "pull", "gate", "sweep",
-            "notify", "ledger", "billing")
+            "notify", "ledger", "billing", "reap")
 VALUED_OPTIONS = ("-p", "--port", "-i", "--identity", "--ssh-config", "--node-dir", "--ledger")
 
 
@@ -1256,6 +1268,10 @@ def main(argv=None, early=None):
 
 
 def dispatch(argv, early, used):
+    if command_word(argv) == "reap":      # scripts/reap.py has its own parser: it sees every word but "reap"
+        import reap
+        cut = next(i for i, w in enumerate(argv) if w == "reap")
+        return reap.main(argv[:cut] + argv[cut + 1:])
     rest = []
     if "--" in argv:
         cut = argv.index("--")

@@ -171,7 +171,7 @@ def test_an_impossible_mtime_falls_back_to_the_node(base_answer, sandbox, mtime)
 # ---------------------------------------------------------------- L1: the property
 
 NAMES = [".", "run.json", "status.json", "heartbeat.json", "deadman.json", "DEADMAN_FIRED.json", "exit_code",
-         "job.log", "run.lock", "outputs.txt"]                      # what status_facts.sh sends
+         "job.log", "run.lock", "outputs.txt", "lease.json"]        # what status_facts.sh sends
 name_strategy = st.one_of(
     st.sampled_from(NAMES),
     st.sampled_from(["/", "..", ".", "", "job.log/..", "run.lock/x", "status.json\x00", " status.json"]),

@@ -21,6 +21,7 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
   die_with_parent                    a Popen preexec_fn: the child gets SIGTERM when we die, even by
                                      SIGKILL (Linux prctl; a no-op elsewhere)
   Parser / run_main / die            one-line errors with one prefix and the exit-code contract
+  protect_from_oom                   a watcher asks the kernel's OOM killer to take anything but itself
   safe_text / safe_line / guard_output  node- or run-controlled text made harmless for a terminal (controls
                                      escaped); guard_output wraps a tool's human stdout and stderr with it
   exit_codes_epilog                  the closing 'Exit codes' paragraph of every --help
@@ -569,6 +570,19 @@ HERE = Procs()
 
 def _proc_stat(pid):
     return HERE.stat(pid)
+
+
+def protect_from_oom(score=-1000):
+    """Ask the OOM killer to spare this process (a watcher must outlive the job whose memory ran out): write
+    SCORE to /proc/self/oom_score_adj. True when it took; False where lowering needs privileges this process
+    lacks (CAP_SYS_RESOURCE) or there is no /proc."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("%d\n" % score)
+        with open("/proc/self/oom_score_adj") as fh:
+            return int(fh.read().strip()) == score
+    except (OSError, ValueError):
+        return False
 
 
 def boot_id():
