@@ -5,7 +5,8 @@
   manifest → pull → verify → teardown gate (and a gate that refuses a changed node) → a hung job
   that the dead-man ends and stops the (stand-in) meter for, with no one watching → a verified stop: the
   dead-man stops a box through a stand-in of RunPod's API and reads the state back (confirmed), and the
-  same against an API that answers 200 and stops nothing (STOP NOT CONFIRMED, escalated)
+  same against an API that answers 200 and stops nothing (STOP NOT CONFIRMED, escalated) → a hung box
+  (job and dead-man frozen) that the laptop's reaper stops from outside through a vast.ai stand-in
 
 The "node" and the "laptop" are two folders in a temporary directory; the pull goes through the same
 code that pulls over SSH. Needs Python 3.8+ and bash; tmux and rsync are used when present. Uses
@@ -180,6 +181,7 @@ class Demo:
                                     "refuses (exit 3) once a node file changes after the pull")
         self.hang_drill()
         self.verified_stop_drill()
+        self.reaper_drill()
         return stale
 
     def hang_drill(self):
@@ -229,8 +231,64 @@ class Demo:
                                     "says 200 and keeps running: STOP NOT CONFIRMED after %d attempt(s), escalated"
                    % len(bad.get("attempts") or []))
 
+    def reaper_drill(self):
+        """The backstop off the box (scripts/reap.py): the whole box hangs, job and dead-man alike (SIGSTOP), so
+        nothing on it renews the run's lease; the laptop's reaper sees the lease run out and stops the instance
+        through a vast.ai stand-in, reading the state back. The laptop reaches this 'node' through a local ssh
+        stand-in (the demo needs no sshd); the ledger row is the one `rgt.py launch --instance` writes."""
+        sys.path.insert(0, str(ROOT / "tools"))
+        from provider_standins import Instance, StandIn
+        run = self.node / "runs" / "demo-hung-box"
+        self.run(["bash", NODE / "run_one.sh", "--profile", "local", "--run-id", run.name, "--run-dir", run,
+                  "--durable-dir", self.durable, "--disk-floor-gb", "0.01", "--poll-seconds", "0.2",
+                  "--deadman-dry-run", "--deadman-arg", "--lease-ttl-seconds", "--deadman-arg", "1", "--",
+                  sys.executable, "-c", "import time; time.sleep(120)"], cwd=self.job_dir)
+        deadline = time.time() + 30
+        while time.time() < deadline and not (run / "lease.json").exists():
+            time.sleep(0.1)
+        pids = [json.loads((run / name).read_text()).get(key) for name, key in
+                (("status.json", "job_pid"), ("status.json", "supervisor_pid"), ("deadman.json", "pid"))]
+        for pid in filter(None, pids):
+            os.kill(pid, signal.SIGSTOP)          # the box hangs: nothing on it runs any more
+        self.frozen = [p for p in pids if p]
+        bin_dir = self.laptop / "bin"             # `ssh HOST CMD` runs CMD here; `ssh -G` names the box
+        bin_dir.mkdir(exist_ok=True)
+        (bin_dir / "ssh").write_text('#!/bin/sh\ncase " $* " in *" -G "*) printf "user demo\\nhostname node\\n'
+                                     'port 22\\n"; exit 0;; *" -O "*) exit 0;; esac\nfor last; do :; done\n'
+                                     'exec sh -c "$last"\n')
+        (bin_dir / "ssh").chmod(0o755)
+        ledger = self.laptop / "ledger.jsonl"
+        ledger.write_text(json.dumps({"event": "launch", "host": "node", "box": "demo@node:22", "run_id": run.name,
+                                      "run_dir": str(run), "profile": "local", "state": "launched", "attempt": 1,
+                                      "instance": "vastai:777", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                       time.gmtime())}) + "\n")
+        lease = json.loads((run / "lease.json").read_text())
+        while time.time() < lease["renewed_at"] + lease["ttl_s"] + 0.5:
+            time.sleep(0.1)
+        with StandIn("vastai", "demo-key", [Instance("777", lag=0)]) as api:
+            env = dict(self.env, PATH="%s%s%s" % (bin_dir, os.pathsep, os.environ.get("PATH", "")),
+                       VAST_API_KEY="demo-key", RGT_VASTAI_API_URL=api.url, HOME=str(self.laptop))
+            res = subprocess.run([sys.executable, str(SCRIPTS / "rgt.py"), "--ledger", str(ledger), "--node-dir",
+                                  str(NODE), "reap", "--json", "--unwatched-grace-minutes", "0", "--poll-seconds",
+                                  "0"], capture_output=True, text=True, env=env, timeout=120)
+            state = api.instances["777"].state
+        try:
+            decision = json.loads(res.stdout)["decisions"][0]
+        except (ValueError, IndexError, KeyError):
+            raise PhaseFailed("rgt.py reap gave no decision (exit %d): %s" % (res.returncode, res.stderr[-300:]))
+        if not (res.returncode == 0 and decision.get("rule") == "unwatched" and decision.get("confirmed")
+                and state == "stopped"):
+            raise PhaseFailed("the reaper did not stop the hung box: %s" % decision.get("why"))
+        self.phase("reaper", "box hung (job and dead-man stopped): the lease ran out, `rgt.py reap` stopped the "
+                             "instance through the vast.ai stand-in and read it back: %s" % state)
+
     def cleanup(self):
         """Stop anything the demo left running: dead-men and tmux sessions of its runs."""
+        for pid in getattr(self, "frozen", ()):       # the reaper phase's hung box wakes to be ended
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except OSError:
+                pass
         for run_dir in (self.node / "runs").glob("*") if (self.node / "runs").exists() else []:
             subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(run_dir),
                             "--disarm"], capture_output=True, env=self.env)

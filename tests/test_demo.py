@@ -10,7 +10,7 @@ import pytest
 from conftest import NODE, SCRIPTS, TOOLS, path_without
 
 PHASES = ["probe", "gate", "dead-man", "run", "interrupt", "resume", "manifest", "pull", "verify", "teardown gate",
-          "dead-man fires", "verified stop"]
+          "dead-man fires", "verified stop", "reaper"]
 
 
 def live_deadmen(workdir):
