@@ -200,6 +200,27 @@ def attempt_steps(run_dir, meta, status):
     return first, last
 
 
+def generations_dir(results):
+    """Where the earlier generations of the run whose results dir is RESULTS are kept: DURABLE/generations/RID
+    for RESULTS = DURABLE/results/RID, else RESULTS' parent/generations. Generation N is its folder N. The
+    laptop's pull and gate read the same rule off a node path (never made absolute here)."""
+    results = results.rstrip("/") or "/"
+    parent = os.path.dirname(results)
+    if os.path.basename(parent) == "results":
+        return os.path.join(os.path.dirname(parent), "generations", os.path.basename(results))
+    return os.path.join(parent, "generations")
+
+
+def generation_of(root):
+    """(results dir, N) for ROOT = DURABLE/generations/RID/N (a kept generation), else None."""
+    root = root.rstrip("/")
+    head, number = os.path.split(root)
+    gens, rid = os.path.split(head)
+    if not (number.isdigit() and rid and os.path.basename(gens) == "generations"):
+        return None
+    return os.path.join(os.path.dirname(gens), "results", rid), int(number)
+
+
 class Sync(object):
     """One end-of-run sync into the results dir; .run() -> the status.json "sync" object."""
 
@@ -362,10 +383,7 @@ class Sync(object):
         return kept
 
     def generations_dir(self):
-        parent = os.path.dirname(os.path.abspath(self.results))
-        if os.path.basename(parent) == "results":
-            return os.path.join(os.path.dirname(parent), "generations", os.path.basename(self.results))
-        return os.path.join(parent, "generations")
+        return generations_dir(os.path.abspath(self.results))
 
     def keep_generation(self, doc):
         """Before a later attempt that did not continue the earlier one (see not_continued) replaces a verified
