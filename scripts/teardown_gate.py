@@ -23,8 +23,8 @@ It passes only when all of these hold:
      teardown destroys them; the untrained model of the restart must never pass alone. Pull a kept one with
      pull_verified.py --generation N (DEST/RID@generation-N, --source .../generations/RID/N here), or keep the
      current results with --keep-generation <their attempt>.
-On a pass its first line says how the run ended (succeeded, or INTERRUPTED / FAILED, the attempt, the exit code
-and the step its results stand at of the total, e.g. "results at step 2 of 6"), then the profile's meter-stop action, what that destroys and what keeps billing
+On a pass its first line ends with how the run ended (succeeded, or INTERRUPTED / FAILED, the attempt, the exit
+code and the step its results stand at of the total, e.g. "results at step 2 of 6"), then the profile's meter-stop action, what that destroys and what keeps billing
 (from profiles/index.json), the run id, file count and bytes, that it covers this run only (a box
 that ran several runs needs scripts/node/final_sweep.py first), and that it did NOT tear anything down.
 
@@ -200,7 +200,7 @@ STATE_WORD = re.compile(r"^[a-z_]{1,24}$")   # a state as the run record spells 
 def run_state_text(activity) -> str:
     """The run's state for the PASS line: 'run interrupted (attempt 2, exit 143), results at step 2 of 6'."""
     if not activity or activity.get("state") is None:
-        return "run state unknown: %s" % ((activity or {}).get("why") or "no run dir checked")
+        return "run state not known: %s" % ((activity or {}).get("why") or "no run dir to check (--run-dir)")
     state = activity["state"] if STATE_WORD.match(str(activity["state"])) else "unknown"
     bits = [b for b in (
         "attempt %s" % activity["attempt"] if isinstance(activity.get("attempt"), int) else None,
@@ -561,8 +561,8 @@ def main(argv=None) -> int:
                     "profile_index": index_info, "other_runs": (SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source))).strip()})
     checks = verdict.get("load_checks") or []
     node_mode = verdict["node_manifest"]["mode"]
-    lines = [f"PASS teardown gate for run {verdict['run_id']} ({state}): {verdict['file_count']} files, "
-             f"{verdict['total_bytes']} bytes ({pv.human(verdict['total_bytes'])}) in {pulled_dir}",
+    lines = [f"PASS teardown gate for run {verdict['run_id']}: {verdict['file_count']} files, "
+             f"{verdict['total_bytes']} bytes ({pv.human(verdict['total_bytes'])}) in {pulled_dir}; {state}",
              f"  match the node's current files ({node_mode}) and re-verified locally"
              + (f"; {len(checks)} load-check(s) passed" if checks else "")]
     if activity and activity.get("state") not in (None, "succeeded"):

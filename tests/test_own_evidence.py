@@ -550,14 +550,15 @@ def test_multi_run_box_each_runs_evidence_holds_exactly_its_own_files(box, tmp_p
                                  str(results / run_id), "--dest", str(dest)], capture_output=True, text=True,
                                 timeout=300)
         assert pulled.returncode == 0, pulled.stdout + pulled.stderr
-        gate = subprocess.run([sys.executable, str(SCRIPTS / "teardown_gate.py"), "--pulled", str(dest / run_id),
-                               "--profile", "examplecloud", "--source", str(results / run_id)],
-                              capture_output=True, text=True, timeout=300, env=profile_env)
-        assert gate.returncode == 0, gate.stdout + gate.stderr
         attempt = 2 if run_id == "nores" else 1
+        # nores: the user keeps the current results on purpose; the kept generation 1 would otherwise refuse
+        gate = run_gate(dest / run_id, results / run_id, profile_env,
+                        *(["--keep-generation", "2"] if run_id == "nores" else []))
+        assert gate.returncode == 0, gate.stdout + gate.stderr
         assert "verified generation %d (the results of attempt %d)" % (attempt, attempt) in gate.stdout, gate.stdout
         if run_id == "nores":
-            assert "earlier generations kept on the node, NOT verified by this gate: %s" % kept in gate.stdout
+            assert "DESTROYED by a teardown: generation 1 (attempt 1's verified results, kept in %s" % kept \
+                in gate.stdout, gate.stdout
         assert sorted(p for p in outputs_of(dest / run_id) if p != "PULL_VERIFIED.json") == own[run_id]
 
 
@@ -642,5 +643,6 @@ def test_finding_field_N16_a_gate_pass_says_the_run_failed_and_where_its_results
     assert box.status("cut")["state"] == "failed" and box.status("cut")["sync"]["ok"], box.status("cut")
     out = gate_lines(box, "cut", tmp_path / "pulled", profile_env)
     first = out.splitlines()[0]
-    assert first.startswith("PASS teardown gate for run cut (run FAILED (attempt 1, exit 1), results at step 2 of 6)")
+    assert first.startswith("PASS teardown gate for run cut: ") and \
+        first.endswith("; run FAILED (attempt 1, exit 1), results at step 2 of 6"), first
     assert "WARN the run did not succeed" in out, out
