@@ -23,7 +23,7 @@ Usage:
   rgt.py [global options] resume HOST RID [--max-attempts N] [--give-up-hours H] [--dry-run]
   rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar] [--generation N]
   rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect] [--keep-generation N]
-  rgt.py [global options] sweep  HOST [--check-only]
+  rgt.py [global options] sweep  HOST [--check-only] [--ack RID]...
   rgt.py [global options] ledger [--all]
   rgt.py [global options] notify setup HOST --from FILE [--config-path PATH]
   rgt.py [global options] notify test  HOST [--config-path PATH]
@@ -68,6 +68,8 @@ settle (another toolkit version on the node, busybox tools) is asked of the node
 sweep: before a box that ran several runs is released, final_sweep.py on it over the runs dirs the ledger
 knows for HOST (or --durable-dir's): every run verified on durable storage, stale ones synced again, what
 cannot be saved listed; its exit codes pass through (0 every run saved, 1 not, 3 --check-only found work).
+A run that produced nothing (it crashed before its first save) blocks it until you acknowledge it with --ack RID:
+it then reads ACKED and its record and logs are saved alone, so `rgt.py pull HOST RID` brings the crash log home.
 
 billing: what is still billing you, read-only (scripts/billing.py): every instance and storage object your laptop
 credentials can see (RunPod, vast.ai, Lambda, Paperspace), with $/h where the API gives it, joined with this
@@ -1000,6 +1002,8 @@ def cmd_sweep(args, ssh):
     argv = [node_python(args), node_tool(args, "final_sweep.py")]
     for root in roots:
         argv += ["--runs-dir", root]
+    for rid in args.ack:
+        argv += ["--ack", check_run_id(rid)]
     argv += (["--check-only"] if args.check_only else []) + (["--json"] if args.json else [])
     res = checked(ssh.run(remote_command(argv), timeout=7 * 3600), "sweep")
     sys.stdout.write(text(res.stdout))
@@ -1229,6 +1233,9 @@ def build_parser(only=None):
     if wanted("sweep"):
         p = host_cmd("sweep", "before release: every run of the box on durable storage, verified (final_sweep.py)")
         p.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
+        p.add_argument("--ack", action="append", default=[], metavar="RID",
+                       help="acknowledge that run RID produced nothing worth saving: ACKED instead of FAILED, its "
+                            "record and logs saved alone so `pull HOST RID` brings the crash log home (repeatable)")
     if wanted("notify"):
         import notify_cli
         notify_cli.add_parser(sub, shared)
