@@ -44,7 +44,7 @@ Usage:
                        (a (?P<step>) group, one named group per metric, (?P<epoch>) for an epoch-and-batch
                        log; repeatable, one per kind of line), against the re-run's job.log read the same
                        way. For a stdout-only trainer (nanoGPT without W&B) this is the only record:
-                         --log-regex 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'
+                         --log-regex 'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)'
   --ignore KEY         a metric key not to check (repeatable), on top of the timing keys
   --map OLD=NEW        also rewrite the path prefix OLD to NEW in the command (repeatable): an
                        output folder outside the run dir that a re-run must not reuse
