@@ -439,6 +439,7 @@ def deliver(args, verdict: dict, lines, code: int) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    core.guard_output(getattr(args, "json", False))   # file names and reasons come from the node: finding_laptop_L10
     try:
         if not args.source.strip():
             raise UsageError("--source is empty")
