@@ -947,7 +947,8 @@ def main(argv=None) -> int:
     seconds = time.monotonic() - started
     summary.update({"ok": True, "status": "promoted", "seconds": round(seconds, 3), "verified": verified})
     reused = summary["transfer"].get("matched_bytes")
-    emit(args, summary, [f"OK pulled and verified run {run_id}: {manifest['file_count']} files, "
+    which = "" if args.generation is None else f" generation {args.generation} (attempt {args.generation}'s results)"
+    emit(args, summary, [f"OK pulled and verified run {run_id}{which}: {manifest['file_count']} files, "
                          f"{human(manifest['total_bytes'])} -> {final} ({VERIFIED_NAME} written, "
                          f"{seconds:.1f} s" + (f", {human(reused)} reused from earlier attempts" if reused else "")
                          + (", tar stream made by python3: no tar on the node"

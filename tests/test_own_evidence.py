@@ -609,6 +609,9 @@ def test_finding_field_N3_the_gate_never_passes_the_restart_alone_while_the_good
     assert gen.returncode == 0, gen.stdout + gen.stderr
     home = dest / "nores@generation-1"
     assert json.loads(gen.stdout)["dest"] == str(home)
+    said = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source", str(results), "--dest",
+                           str(dest), "--generation", "1"], capture_output=True, text=True, timeout=300)
+    assert said.returncode == 0 and "ALREADY pulled and verified: %s " % home in said.stdout, said.stdout
     assert (home / "out/nores/model.bin").read_text() == "model at 6.71% correct\n"
     assert read(home / "PULL_VERIFIED.json")["generation"] == 1 and verify(home) == []
     (kept / "out/nores/model.bin").write_text("model at 6.71% correct, changed\n")   # a byte changed on the node
