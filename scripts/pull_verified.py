@@ -7,11 +7,18 @@ hold a manifest written by build_pull_manifest.py. Nothing reaches DEST/<run_id>
 listed in it is present with the right size and SHA-256 and nothing else is present.
 
 Usage:
-  pull_verified.py --source [HOST:]ROOT --dest DIR [--rsh "ssh -F cfg"] [--manifest NAME]
+  pull_verified.py --source [HOST:]ROOT --dest DIR [--rsh "ssh -F cfg"] [--manifest NAME] [--generation N]
                    [--transport auto|rsync|tar] [--jobs N] [--bwlimit KBPS] [--fresh] [--stall-seconds S] [--json]
 
   python3 pull_verified.py --source gpu-box:/workspace/durable/results/run-42 --dest ./pulled
   python3 pull_verified.py --source /mnt/nfs/results/run-42 --dest ./pulled      # a local path
+  python3 pull_verified.py --source gpu-box:/workspace/durable/results/run-42 --dest ./pulled --generation 1
+
+--generation N pulls generation N of the run instead of its current results: the verified results of attempt
+N that a later attempt which did not continue it (a --force-restart without a resume adapter) would have
+replaced, kept whole on the node with their own manifest in DURABLE/generations/RID/N (for a --source
+DURABLE/results/RID). It is fetched and verified by the same steps below and lands in DEST/<run_id>@generation-N/
+(PULL_VERIFIED.json records the generation); gate it with teardown_gate.py --keep-generation N.
 
 What it does, in order:
   1. fetches the manifest (ssh HOST cat, or reads the local file; NAME is relative to ROOT unless
@@ -68,6 +75,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
 import rgt_core as core  # noqa: E402
+import sync as node_sync  # noqa: E402  (where a run's kept generations live)
 from evidence import (MANIFEST_NAME, PARTIAL_DIR, VERIFIED_NAME, file_set, parse_manifest, problem,  # noqa: E402
                       verify_tree, written_identity)
 
@@ -119,6 +127,12 @@ def parse_source(text: str):
     if colon == 0:
         raise UsageError(f"--source {text!r} has an empty host before ':'")
     return None, text
+
+
+def pulled_name(run_id: str, generation=None) -> str:
+    """The folder under DEST a pull lands in: the run id, or RID@generation-N for a kept generation ('@' is not
+    in a run id, so no run's pull can take that name)."""
+    return run_id if generation is None else "%s@generation-%d" % (run_id, generation)
 
 
 def source_label(host, root) -> str:
@@ -731,6 +745,10 @@ def parse_args(argv):
     parser.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
                         help="auto (default): rsync when both ends have it, else a tar stream")
     parser.add_argument("--fresh", action="store_true", help="delete this run's staging dir first (no resume)")
+    parser.add_argument("--generation", type=core.arg_number(int, 1, 1 << 30), metavar="N",
+                        help="pull generation N (attempt N's verified results the node kept in "
+                             "DURABLE/generations/RID/N) instead of the current results; lands in "
+                             "DEST/<run_id>@generation-N")
     parser.add_argument("--stall-seconds", type=core.arg_number(float, 0.0, 1e6, low_open=True),
                         default=DEFAULT_STALL_SECONDS,
                         help="give up when no byte arrives for this long (default %d); staging is kept, so the "
@@ -778,6 +796,11 @@ def main(argv=None) -> int:
         if args.bwlimit is not None and args.bwlimit < 1:
             raise UsageError("--bwlimit must be a positive number of KiB/s")
         rsh_argv(args.rsh)
+        if args.generation is not None:
+            root = os.path.join(node_sync.generations_dir(root), str(args.generation))
+            if host is None and not os.path.isdir(os.path.expanduser(root)):
+                raise UsageError(f"--generation {args.generation}: {root} does not exist (the node keeps a "
+                                 "generation only when a later attempt did not continue it)")
         dest = os.path.abspath(os.path.expanduser(args.dest))
         if os.path.exists(dest) and not os.path.isdir(dest):
             raise UsageError(f"--dest {dest} exists and is not a directory")
@@ -802,8 +825,9 @@ def main(argv=None) -> int:
         return 1
 
     run_id = manifest["run_id"]
-    final = os.path.join(dest, run_id)
-    staging = os.path.join(dest, f".staging-{run_id}")
+    name = pulled_name(run_id, args.generation)
+    final = os.path.join(dest, name)
+    staging = os.path.join(dest, f".staging-{name}")
     summary.update({"run_id": run_id, "dest": final, "file_count": manifest["file_count"],
                     "total_bytes": manifest["total_bytes"]})
     try:
@@ -825,7 +849,7 @@ def main(argv=None) -> int:
         return code
 
     import fcntl  # POSIX only; imported late so --help works anywhere
-    lock_path = os.path.join(dest, f".pull-{run_id}.lock")
+    lock_path = os.path.join(dest, f".pull-{name}.lock")
     lock_handle = open(lock_path, "a+")
     try:
         fcntl.flock(lock_handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -857,7 +881,7 @@ def main(argv=None) -> int:
                                stall_seconds=args.stall_seconds)
             transfer = rsync_job.run()
         else:
-            fd, list_file = tempfile.mkstemp(dir=dest, prefix=f".pull-{run_id}.", suffix=".list")
+            fd, list_file = tempfile.mkstemp(dir=dest, prefix=f".pull-{name}.", suffix=".list")
             with os.fdopen(fd, "wb") as handle:
                 # "./" keeps rsync from reading a name that starts with '#' or ';' as a comment line
                 handle.write(b"".join(b"./" + p.encode("utf-8") + b"\0" for p in paths))
@@ -892,7 +916,7 @@ def main(argv=None) -> int:
             return 1
         verified = {"schema": VERIFIED_SCHEMA, "run_id": run_id, "manifest_sha256": raw_sha,
                     "file_count": manifest["file_count"], "total_bytes": manifest["total_bytes"],
-                    "verified_at": utc_now(), "source": summary["source"]}
+                    "verified_at": utc_now(), "source": summary["source"], "generation": args.generation}
         atomic_write(os.path.join(staging, MANIFEST_NAME), raw)
         atomic_write(os.path.join(staging, VERIFIED_NAME), (json.dumps(verified, indent=2) + "\n").encode())
         for directory, subdirs, _files in os.walk(staging):
@@ -923,7 +947,8 @@ def main(argv=None) -> int:
     seconds = time.monotonic() - started
     summary.update({"ok": True, "status": "promoted", "seconds": round(seconds, 3), "verified": verified})
     reused = summary["transfer"].get("matched_bytes")
-    emit(args, summary, [f"OK pulled and verified run {run_id}: {manifest['file_count']} files, "
+    which = "" if args.generation is None else f" generation {args.generation} (attempt {args.generation}'s results)"
+    emit(args, summary, [f"OK pulled and verified run {run_id}{which}: {manifest['file_count']} files, "
                          f"{human(manifest['total_bytes'])} -> {final} ({VERIFIED_NAME} written, "
                          f"{seconds:.1f} s" + (f", {human(reused)} reused from earlier attempts" if reused else "")
                          + (", tar stream made by python3: no tar on the node"

@@ -27,7 +27,7 @@ names each one (an existing file there is overwritten by a re-run that writes it
 
 Usage:
   repro.py RUN_DIR [-o repro.sh] [--force] [--repo DIR] [--rtol R] [--atol A] [--metrics-file PATH]...
-           [--ignore KEY]... [--map OLD=NEW]... [--allow-unpinned] [--strict-env] [--json]
+           [--log-regex RE]... [--ignore KEY]... [--map OLD=NEW]... [--allow-unpinned] [--strict-env] [--json]
   bash repro.sh [WORKDIR]        (default WORKDIR: ./repro-<run id>-<UTC time>; must not exist)
 
   -o, --out FILE       where to write the script (default repro.sh; '-' for stdout). Never inside
@@ -39,6 +39,12 @@ Usage:
   --atol A             absolute tolerance, added to the relative one (default: exact to the digit)
   --metrics-file PATH  a metrics file inside RUN_DIR to check (repeatable; default: every *.jsonl
                        and *.csv in it, previous/ and logs/ left out)
+  --log-regex RE       also check the numbers the job printed: RUN_DIR's job.log (or a pulled copy's
+                       logs/job.log) read through RE exactly as run_forensics.py --log-regex reads it
+                       (a (?P<step>) group, one named group per metric, (?P<epoch>) for an epoch-and-batch
+                       log; repeatable, one per kind of line), against the re-run's job.log read the same
+                       way. For a stdout-only trainer (nanoGPT without W&B) this is the only record:
+                         --log-regex 'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)'
   --ignore KEY         a metric key not to check (repeatable), on top of the timing keys
   --map OLD=NEW        also rewrite the path prefix OLD to NEW in the command (repeatable): an
                        output folder outside the run dir that a re-run must not reuse
@@ -148,8 +154,47 @@ def claims_for(run_dir, rel, ignore, warnings):
         warnings.append("%s is not checked: reconcile.py bindings cannot hold whitespace or '#'" % rel)
         return []
     records = rf.read_jsonl(full) if rel.lower().endswith(".jsonl") else rf.read_csv(full)
-    values = {key: [v for _step, v in points] for key, points in rf.records_to_series(records).items()}
-    bound = steps_name(rel)
+    return claim_lines(rf.records_to_series(records), rel, steps_name(rel), ignore, warnings)
+
+
+def log_steps_name(index):
+    """Where the re-run's job.log read through --log-regex #INDEX (`run_forensics.py steps`) lands."""
+    return os.path.join("steps", "job.log.%d.jsonl" % index)
+
+
+def log_claims(run_dir, regexes, ignore, warnings):
+    """(claim lines, [(index, regex)] checked) for the old run's job.log (the run dir's, else a pulled copy's
+    logs/job.log) read through each --log-regex as run_forensics.py reads it, bound to the re-run's job.log
+    read the same way."""
+    files = rf.log_files(run_dir)
+    if not files:
+        warnings.append("--log-regex given, but %s holds no %s: no log numbers are checked"
+                        % (run_dir, " or ".join(rf.LOG_NAMES)))
+        return [], []
+    rel = files[0]
+    try:
+        found = rf.log_series(os.path.join(run_dir, *rel.split("/")), regexes)
+    except OSError as exc:
+        warnings.append("%s is not checked: %s" % (rel, exc.strerror or exc))
+        return [], []
+    lines, used = [], []
+    for index, (series, _bad) in enumerate(found, 1):
+        if not series:
+            warnings.append("--log-regex #%d matched no line of %s with a numeric step: nothing of it is checked"
+                            % (index, rel))
+            continue
+        got = claim_lines(series, "%s#%d" % (rel, index), log_steps_name(index), ignore, warnings)
+        if got:
+            lines += got
+            used.append((index, regexes[index - 1]))
+    return lines, used
+
+
+def claim_lines(series, label, bound, ignore, warnings):
+    """The claim lines for SERIES ({name: [(step, value)]}, last value per step, in step order), bound to BOUND
+    (a per-step JSONL file under WORKDIR); LABEL names the source in warnings."""
+    values = {key: [v for _step, v in points] for key, points in series.items()}
+    rel = label
     lines = []
     for key in sorted(values):
         if key in ignore or TIMING.search(key.lower()):
@@ -218,6 +263,9 @@ def main(argv=None):
                         help="absolute tolerance added to the relative one (default: exact to the digit)")
     parser.add_argument("--metrics-file", action="append", default=[], metavar="PATH",
                         help="a metrics file inside RUN_DIR to check (repeatable; default every *.jsonl, *.csv)")
+    parser.add_argument("--log-regex", action="append", default=[], metavar="RE", type=rf.log_regex_arg,
+                        help="also check the numbers job.log holds, read through RE as run_forensics.py "
+                             "--log-regex reads them (repeatable; a stdout-only trainer needs it)")
     parser.add_argument("--ignore", action="append", default=[], metavar="KEY",
                         help="a metric key not to check (repeatable), on top of the timing keys")
     parser.add_argument("--map", action="append", default=[], metavar="OLD=NEW",
@@ -288,9 +336,14 @@ def main(argv=None):
         if got:
             claims += got
             checked.append(rel)
+    logged, log_checked = log_claims(run_dir, args.log_regex, set(args.ignore), warnings) if args.log_regex \
+        else ([], [])
+    claims += logged
     if not claims:
-        raise core.Refused("nothing to compare: no numeric metrics in %s (give --metrics-file)" % (
-            ", ".join(files) or "any *.jsonl/*.csv of " + run_dir))
+        hint = (" or --log-regex: %s holds the job's stdout (see run_forensics.py --help)" % rf.log_files(run_dir)[0]
+                if rf.log_files(run_dir) and not args.log_regex else "")
+        raise core.Refused("nothing to compare: no numeric metrics in %s (give --metrics-file%s)" % (
+            ", ".join(files) or "any *.jsonl/*.csv of " + run_dir, hint))
     sub = git.get("cwd_in_repo") or "."
     maps = list(extra)
     maps += [(v, '"$NEW_RUN"') for v in path_variants(run_dir)]
@@ -405,6 +458,12 @@ def main(argv=None):
         lines += ["mkdir -p \"$WORK\"/%s" % q(os.path.dirname(steps_name(rel))),
                   "\"$RGT_PY\" \"$RGT_HOME/scripts/run_forensics.py\" steps \"$NEW_RUN\"/%s > \"$WORK\"/%s || "
                   "say %s" % (q(rel), q(steps_name(rel)), q("WARN the re-run's %s could not be read per step" % rel))]
+    for index, rx in log_checked:
+        lines += ["mkdir -p \"$WORK\"/steps",
+                  "\"$RGT_PY\" \"$RGT_HOME/scripts/run_forensics.py\" steps \"$NEW_RUN\"/job.log --log-regex %s > "
+                  "\"$WORK\"/%s || say %s" % (q(rx.pattern), q(log_steps_name(index)),
+                                             q("WARN the re-run's job.log could not be read per step through "
+                                               "--log-regex #%d" % index))]
     lines += ["cat > \"$WORK/expected.md\" <<'RGT_EXPECTED'",
               "# %s: the recorded run's numbers, bound to the re-run's files read per step" % run_id]
     lines += claims
@@ -422,7 +481,8 @@ def main(argv=None):
     core.atomic_write(args.out, text, mode=0o755 if args.out != "-" else None)
     report = {"script": args.out if args.out == "-" else os.path.abspath(args.out), "commit": commit,
               "dirty": bool(git.get("dirty")), "patch": patch, "pinned": pinned, "claims": len(claims),
-              "metrics_files": files, "rewritten_words": changed, "warnings": warnings}
+              "metrics_files": files, "log_regex": [rx.pattern for _i, rx in log_checked],
+              "rewritten_words": changed, "warnings": warnings}
     if args.json:
         core.emit_json(report)
     elif args.out != "-":

@@ -21,9 +21,9 @@ Usage:
   rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
   rgt.py [global options] ack    HOST RID (--postpone-minutes M | --disarm)
   rgt.py [global options] resume HOST RID [--max-attempts N] [--give-up-hours H] [--dry-run]
-  rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar]
-  rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect]
-  rgt.py [global options] sweep  HOST [--check-only]
+  rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar] [--generation N]
+  rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect] [--keep-generation N]
+  rgt.py [global options] sweep  HOST [--check-only] [--ack RID]...
   rgt.py [global options] ledger [--all]
   rgt.py [global options] notify setup HOST --from FILE [--config-path PATH]
   rgt.py [global options] notify test  HOST [--config-path PATH]
@@ -68,6 +68,8 @@ settle (another toolkit version on the node, busybox tools) is asked of the node
 sweep: before a box that ran several runs is released, final_sweep.py on it over the runs dirs the ledger
 knows for HOST (or --durable-dir's): every run verified on durable storage, stale ones synced again, what
 cannot be saved listed; its exit codes pass through (0 every run saved, 1 not, 3 --check-only found work).
+A run that produced nothing (it crashed before its first save) blocks it until you acknowledge it with --ack RID:
+it then reads ACKED and its record and logs are saved alone, so `rgt.py pull HOST RID` brings the crash log home.
 
 billing: what is still billing you, read-only (scripts/billing.py): every instance and storage object your laptop
 credentials can see (RunPod, vast.ai, Lambda, Paperspace), with $/h where the API gives it, joined with this
@@ -80,7 +82,11 @@ run_one.sh is kept), so the dead-man stops the box at the budget. --instance als
 instance the run is on, for billing. status shows the cost so far: the rate x the hours since the first launch, from the ledger.
 
 gate: the teardown gate with our checkpoint inspector on every pulled checkpoint (--no-inspect skips
-that part; the byte-for-byte match with the node is never skipped).
+that part; the byte-for-byte match with the node is never skipped). Its PASS line says how the run ended
+(succeeded, or INTERRUPTED / FAILED at step S of T). While the node holds another generation of the run (an
+earlier attempt's results a --force-restart kept in DURABLE_DIR/generations/RID/N) it refuses until you say
+which one to keep: `pull --generation N` brings generation N home, `gate --keep-generation N` gates it (or the
+current results, when N is theirs). The ledger records the gate's own verdict, even when stdout closes early.
 
 push and pull: rsync when both ends have it, else a tar stream over ssh (--transport forces one); a node
 with no tar either makes and reads the stream with python3's tarfile (python3 is all the toolkit needs).
@@ -984,28 +990,50 @@ def cmd_pull(args, ssh):
     _run, results, _p = run_paths(args, rid)
     argv = laptop_tool("pull_verified.py") + ["--source", "%s:%s" % (args.host, results), "--dest", args.dest,
                                              "--rsh", ssh.rsh, "--transport", args.transport] + (["--json"] if args.json else [])
+    if args.generation is not None:
+        argv += ["--generation", str(args.generation)]
     res = subprocess.run(argv)
-    record(args, event="pull", run_id=rid, dest=args.dest,
+    record(args, event="pull", run_id=rid, dest=args.dest, generation=args.generation,
                   state="pulled" if res.returncode == 0 else "pull_failed", attempt=ledger_attempt(args, rid))
     return res.returncode
 
 
 def cmd_gate(args, ssh):
+    import tempfile
+    import pull_verified
+    import sync as node_sync
     rid = check_run_id(args.run_id)
     run_dir, results, profile = run_paths(args, rid, None)
     profile = args.profile or profile
     if not profile:
         raise core.UsageError("which platform? pass --profile (the ledger has none for %s)" % rid)
-    argv = laptop_tool("teardown_gate.py") + ["--pulled", os.path.join(args.dest, rid), "--source",
-                                              "%s:%s" % (args.host, results), "--rsh", ssh.rsh,
-                                              "--run-dir", run_dir, "--profile", profile] + ([] if args.no_inspect else ["--inspect"]) \
-        + (["--json"] if args.json else [])
-    res = subprocess.run(argv)
-    record(args, event="gate", run_id=rid,
-                  verdict="PASS" if res.returncode == 0 else "REFUSED", attempt=ledger_attempt(args, rid))
-    if res.returncode == 0 and not args.json:
-        print("sweep:      %s   (other runs on this box)" % again(args, "sweep", args.host))
-    return res.returncode
+    pulled, source = os.path.join(args.dest, rid), results
+    keep = args.keep_generation
+    if keep is not None and os.path.isdir(os.path.join(args.dest, pull_verified.pulled_name(rid, keep))):
+        # the kept generation was pulled home (pull --generation N): gate that pull against its folder on the node
+        pulled = os.path.join(args.dest, pull_verified.pulled_name(rid, keep))
+        source = os.path.join(node_sync.generations_dir(results), str(keep))
+    folder = tempfile.mkdtemp(prefix="rgt-gate-")
+    verdict_file = os.path.join(folder, "verdict.json")
+    argv = laptop_tool("teardown_gate.py") + ["--pulled", pulled, "--source", "%s:%s" % (args.host, source),
+                                              "--rsh", ssh.rsh, "--run-dir", run_dir, "--profile", profile,
+                                              "--verdict-file", verdict_file] \
+        + ([] if args.no_inspect else ["--inspect"]) + (["--json"] if args.json else []) \
+        + (["--keep-generation", str(keep)] if keep is not None else [])
+    try:
+        res = subprocess.run(argv)
+        # the gate's own verdict, written before it printed a word: a stdout closed early (`| head -1`) changes
+        # nothing here; no verdict file (the gate died first) is a refusal
+        doc = core.read_json(verdict_file)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    verdict = doc.get("verdict") if doc.get("verdict") in ("PASS", "REFUSED") else "REFUSED"
+    code = doc.get("exit_code") if isinstance(doc.get("exit_code"), int) else (res.returncode or 3)
+    record(args, event="gate", run_id=rid, verdict=verdict, attempt=ledger_attempt(args, rid),
+           keep_generation=keep, run_state=doc.get("state_text"))
+    if verdict == "PASS" and not args.json:
+        core.write_stdout("sweep:      %s   (other runs on this box)\n" % again(args, "sweep", args.host))
+    return code if verdict == "PASS" or code else 3
 
 
 def cmd_sweep(args, ssh):
@@ -1019,6 +1047,8 @@ def cmd_sweep(args, ssh):
     argv = [node_python(args), node_tool(args, "final_sweep.py")]
     for root in roots:
         argv += ["--runs-dir", root]
+    for rid in args.ack:
+        argv += ["--ack", check_run_id(rid)]
     argv += (["--check-only"] if args.check_only else []) + (["--json"] if args.json else [])
     res = checked(ssh.run(remote_command(argv), timeout=7 * 3600), "sweep")
     sys.stdout.write(shown(res.stdout))
@@ -1232,14 +1262,25 @@ def build_parser(only=None):
         p.add_argument("--dest", default="pulled", help="local folder; the run lands in DEST/RID (default pulled)")
         p.add_argument("--transport", choices=("auto", "rsync", "tar"), default="auto",
                        help="rsync, a tar stream over ssh, or auto (rsync when both ends have it)")
+        p.add_argument("--generation", type=core.arg_number(int, 1, 1 << 30), metavar="N",
+                       help="bring home generation N instead of the current results: attempt N's verified results, "
+                            "kept on the node when a later attempt did not continue it (resume --force-restart); "
+                            "lands in DEST/RID@generation-N, verified byte for byte as any pull")
     if wanted("gate"):
         p = host_cmd("gate", "the teardown gate: is it safe to stop the meter?", run_id=True)
         p.add_argument("--dest", default="pulled", help="where the pull put the run (DEST/RID; default pulled)")
         p.add_argument("--profile", help="the platform profile whose meter-stop action the pass prints")
         p.add_argument("--no-inspect", action="store_true", help="skip the checkpoint load checks (ckpt_inspect.py)")
+        p.add_argument("--keep-generation", type=core.arg_number(int, 1, 1 << 30), metavar="N",
+                       help="the generation you keep when the node holds more than one (refused without it): "
+                            "the current results' attempt number, or a kept one pulled with pull --generation N "
+                            "(DEST/RID@generation-N is then gated); the PASS names what a teardown destroys")
     if wanted("sweep"):
         p = host_cmd("sweep", "before release: every run of the box on durable storage, verified (final_sweep.py)")
         p.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
+        p.add_argument("--ack", action="append", default=[], metavar="RID",
+                       help="acknowledge that run RID produced nothing worth saving: ACKED instead of FAILED, its "
+                            "record and logs saved alone so `pull HOST RID` brings the crash log home (repeatable)")
     if wanted("notify"):
         import notify_cli
         notify_cli.add_parser(sub, shared)

@@ -22,7 +22,9 @@ Usage:
          nested keys flattened as a.b.c. Expect exactly the knob you changed; anything else differing
          (a seed, a package, the commit, a dirty tree) is a second variable. Settings that must differ
          per run are left out like the run's own id (--all shows them): output/save/log/checkpoint dirs,
-         run and experiment names, and any value that differs only by each run's own id
+         run and experiment names, any value that differs only by each run's own id, and from run.json
+         the whole command line (compared option by option instead), the output, allow-empty and resume
+         globs, the cwd and the durable dir
   curve  findings on one metric's curve, each with its step:
            early_peak  the best came well before the end and the last value fell back from it by at
                        least --decline (default 0.1) of the curve's range
@@ -66,7 +68,12 @@ Usage:
                    --log-regex 'iter (?P<step>\d+): loss (?P<loss>[\d.]+)'
                    --log-regex 'step (?P<step>\d+): train loss (?P<train_loss>[\d.]+), val loss (?P<val_loss>[\d.]+)'
                  [\d.]+ does not match `nan`, so such a line is silently left out: write
-                 (?P<loss>[\w.+-]+) to see NaN/inf in the curve
+                 (?P<loss>[\w.+-]+) to see NaN/inf in the curve. A trainer whose batch index restarts every
+                 epoch (`Epoch 2 [300/600] loss 0.41`): name both, (?P<epoch>...) and (?P<step>...), and each
+                 step is the pair (epoch, batch), in that order: the next epoch's batch 0 is not a resume, and
+                 best and last are over the whole run. Text shows it as `epoch 2 batch 300`, --json and steps
+                 as [2, 300]; plot puts it at 2 + 300/(the longest epoch's batches):
+                   --log-regex 'Epoch (?P<epoch>\d+) \[(?P<step>\d+)/\d+\] loss (?P<loss>[\d.]+)'
   --json         one JSON object on stdout. Strict JSON: NaN and infinite values (a metric, a step, a
                  config value) are written as the strings "nan", "inf" and "-inf", dates and times
                  from a YAML config as ISO 8601 strings (steps writes its values the same way)
@@ -84,7 +91,7 @@ Sources read in a run dir (walked 4 levels deep; previous/ attempts and logs/ ar
                  .wandb log (history, config, environment) through the wandb package's protobuf
                  definitions (pip install wandb)
   run.json       the launcher's record (cmd, cwd, profile, outputs); the cmd's option-value pairs
-                 become cmd.<option> keys for diff
+                 become cmd.<option> keys for diff, its other words (program, script) cmd.words
   env.json       scripts/node/run_env.py's environment record (python, torch, CUDA, packages, git)
   config.json, config.yaml, hparams.yaml, args.json ...  configs the job wrote
   wandb:ENTITY/PROJECT/RUN_ID (or wandb:ENTITY/PROJECT for list): the W&B API, only when
@@ -226,8 +233,36 @@ def show(value, width=40):
 
 # ---------------------------------------------------------------- the job's stdout (--log-regex)
 
+class EpochStep(tuple):
+    """The step of a log whose batch index restarts every epoch (a --log-regex with (?P<epoch>) and (?P<step>)
+    groups): (epoch, batch), ordered epoch first, so the next epoch's batch 0 comes after the last epoch's
+    batch 900 and is never read as a resume. Shown as 'epoch 2 batch 300'; JSON [2, 300]."""
+    __slots__ = ()
+
+    def __new__(cls, epoch, batch):
+        return tuple.__new__(cls, (epoch, batch))
+
+    def __str__(self):
+        return "epoch %s batch %s" % (fmt_step(self[0]), fmt_step(self[1]))
+
+    __repr__ = __str__
+
+
+def fmt_step(value):
+    return "%d" % value if isinstance(value, float) and value == int(value) else str(value)
+
+
+def plot_x(points):
+    """STEP -> its place on a plot's x axis: the step itself, or for (epoch, batch) steps the epoch plus the
+    batch's fraction of the longest epoch of POINTS (epoch 2 batch 300 of 600 -> 2.5)."""
+    batches = [s[1] for s, _v in points if isinstance(s, EpochStep)]
+    width = float(max(batches) + 1) if batches else 1.0
+    return lambda s: s[0] + s[1] / width if isinstance(s, EpochStep) else s
+
+
 def log_regex_arg(text):
-    """An argparse type: a compiled --log-regex with a (?P<step>...) group and at least one other named group."""
+    """An argparse type: a compiled --log-regex with a (?P<step>...) group and at least one other named group
+    (besides an (?P<epoch>...) group, which makes the steps (epoch, batch) pairs)."""
     try:
         rx = re.compile(text)
     except re.error as exc:
@@ -235,7 +270,7 @@ def log_regex_arg(text):
     if "step" not in rx.groupindex:
         raise argparse.ArgumentTypeError("'%s' has no (?P<step>...) group: name the step, e.g. "
                                          "'iter (?P<step>\\d+): loss (?P<loss>[\\d.]+)'" % text)
-    if len(rx.groupindex) < 2:
+    if not set(rx.groupindex) - {"step", "epoch"}:
         raise argparse.ArgumentTypeError("'%s' names no metric: add a named group per value, e.g. "
                                          "(?P<loss>[\\d.]+)" % text)
     return rx
@@ -268,13 +303,18 @@ def log_series(path, regexes, resumes=None):
                     continue
                 groups = match.groupdict()
                 step = as_number(groups.pop("step"))
+                epoch = as_number(groups.pop("epoch")) if "epoch" in groups else False
                 values = [(name, as_number(text)) for name, text in groups.items() if text is not None]
-                if step is None or not math.isfinite(step) or any(v is None for _n, v in values):
+                whole = step is not None and math.isfinite(step) and (
+                    epoch is False or (epoch is not None and math.isfinite(epoch)))
+                if not whole or any(v is None for _n, v in values):
                     bad[0] += 1
                     bad[1] = bad[1] or line.strip()
-                if step is None or not math.isfinite(step):
+                if not whole:
                     continue
                 step = int(step) if step == int(step) else step
+                if epoch is not False:   # the batch index restarts every epoch: the step is (epoch, batch)
+                    step = EpochStep(int(epoch) if epoch == int(epoch) else epoch, step)
                 if pending[index]:
                     starts[index].append(step)
                     pending[index] = False
@@ -555,13 +595,20 @@ def load_run_json(run, doc):
     run.set_config("run", {k: v for k, v in doc.items() if k != "cmd"})
     if cmd:
         run.config["run.cmd"] = " ".join(str(w) for w in cmd)
-        for key, value in cmd_flags(cmd).items():
+        flags, words = cmd_flags(cmd)
+        for key, value in flags.items():
             run.config["cmd.%s" % key] = value
+        if words:
+            run.config[CMD_WORDS] = " ".join(words)
+
+
+CMD_WORDS = "cmd.words"   # the command's words that are no option's: the program, the script, positionals
 
 
 def cmd_flags(cmd):
-    """--flag value / --flag=value / a bare --flag (True) pairs of a command line."""
-    out = {}
+    """({flag: value} of the --flag value / --flag=value / bare --flag (True) pairs of a command line, [the
+    other words, in order])."""
+    out, rest = {}, []
     words = [str(w) for w in cmd]
     index = 0
     while index < len(words):
@@ -575,8 +622,10 @@ def cmd_flags(cmd):
             else:
                 key, value = word[2:], True
             out[key] = value
+        else:
+            rest.append(word)
         index += 1
-    return out
+    return out, rest
 
 
 # ---------------------------------------------------------------- TensorBoard
@@ -1031,6 +1080,10 @@ def cmd_list(args):
     return 0
 
 
+# Per-run settings of the launch record: the whole command line (its options are compared one by one as cmd.<option>,
+# its other words as cmd.words), where each run's job ran and what it saves (outputs, allow-empty and resume globs
+# name each cell's own folder), and where its record lives. Left out like the run id; --all shows them.
+PER_RUN = {"run.cmd", "run.outputs", "run.allow_empty", "run.resume_glob", "run.cwd", "run.durable_dir"}
 # Settings that must differ between two runs (where each writes, what it is called), by the last part of
 # their key: `out_dir`, `output_dir`, `save_dir`, `checkpoint_dir`, `logging_dir`, `run_name`, `wandb_run_name`...
 PER_RUN_KEY = re.compile(r"(^|[._])((out|output|save|ckpt|checkpoint|checkpoints|log|logging|logs|result|results|"
@@ -1046,6 +1099,8 @@ def run_names(run):
 def per_run_setting(key, va, vb, a, b):
     """Whether KEY differs between runs A and B only because each run writes to its own place or has its own
     name: a per-run key name, or values equal once each run's own id is taken out. Not a changed knob."""
+    if key in PER_RUN:
+        return True
     if not isinstance(va, str) or not isinstance(vb, str):
         return False
     if PER_RUN_KEY.search(key.rsplit(".", 1)[-1]) or PER_RUN_KEY.search(key):
@@ -1082,7 +1137,8 @@ def cmd_diff(args):
         print("%-44s %-40s %-40s" % (row["key"][:44], show(row["a"]), show(row["b"])))
     knobs = [r for r in rows if not r["key"].startswith(("env.", "wandb.env.", "wandb.git."))]
     envs = len(rows) - len(knobs)
-    print("%d differing key(s) of %d compared (%d config, %d environment; %d run-identity keys left out%s)." % (
+    print("%d differing key(s) of %d compared (%d config, %d environment; %d run-identity and per-run keys left "
+          "out%s)." % (
         len(rows), len(keys) - skipped, len(knobs), envs, skipped, ", --all shows them" if skipped else ""))
     if len(knobs) > 1 or envs:
         print("WARN more than the one knob you meant to change differs: explain each before trusting the gap")
@@ -1157,7 +1213,7 @@ def steps_from_log(path, regexes):
     named = {}
     for index, rx in enumerate(regexes, 1):
         for name in rx.groupindex:
-            if name != "step" and named.setdefault(name, index) != index:
+            if name not in ("step", "epoch") and named.setdefault(name, index) != index:
                 raise core.UsageError("--log-regex #%d and #%d both name %r: steps prints bare names, so give the "
                                       "groups different names" % (named[name], index, name))
     try:
@@ -1241,34 +1297,37 @@ def draw(figure, metric, mode, drawn):
         shown.add(kind)
         return kind
 
+    epochs = False
     for index, (entry, (points, _findings, resume)) in enumerate(drawn):
         color = "C%d" % (index % 10)
+        x = plot_x(points)
+        epochs = epochs or any(isinstance(s, EpochStep) for s, _v in points[:1])
         finite = [(s, v) for s, v in points if math.isfinite(v)]
         name = entry["name"] + (" (%d attempts)" % entry["attempts"] if entry["attempts"] > 1 else "")
-        ax.plot([s for s, _v in points], [v if math.isfinite(v) else float("nan") for _s, v in points], color=color,
+        ax.plot([x(s) for s, _v in points], [v if math.isfinite(v) else float("nan") for _s, v in points], color=color,
                 linewidth=1.4, label=name, zorder=2)  # a NaN/inf point leaves a gap in the line
         old = [(s, v) for s, v in resume.get("replaced") or () if math.isfinite(v)]
         if old:
-            ax.scatter([s for s, _v in old], [v for _s, v in old], s=10, color=color, alpha=0.35, zorder=1,
+            ax.scatter([x(s) for s, _v in old], [v for _s, v in old], s=10, color=color, alpha=0.35, zorder=1,
                        label=once("replaced by a later attempt"))
         for step in entry["restarts"]:
-            ax.axvline(step, color=color, linestyle="--", linewidth=1.0, alpha=0.7, zorder=1,
+            ax.axvline(x(step), color=color, linestyle="--", linewidth=1.0, alpha=0.7, zorder=1,
                        label=once("resume (a step logged again)"))
         values = dict(finite)
         spikes = [(s, values[s]) for s in entry["spikes"] if s in values]
         if spikes:
-            ax.scatter([s for s, _v in spikes], [v for _s, v in spikes], s=70, marker="^", facecolors="none",
+            ax.scatter([x(s) for s, _v in spikes], [v for _s, v in spikes], s=70, marker="^", facecolors="none",
                        edgecolors="red", linewidths=1.5, zorder=4, label=once("spike"))
         if entry["nonfinite_steps"]:
-            ax.scatter(entry["nonfinite_steps"], [0.98] * len(entry["nonfinite_steps"]), transform=top, s=40,
+            ax.scatter([x(s) for s in entry["nonfinite_steps"]], [0.98] * len(entry["nonfinite_steps"]), transform=top, s=40,
                        marker="x", color="red", zorder=4, label=once("NaN/inf"))
         if entry["best_step"] is not None:
-            ax.scatter([entry["best_step"]], [entry["best"]], s=180, marker="*", color=color, edgecolors="black",
+            ax.scatter([x(entry["best_step"])], [entry["best"]], s=180, marker="*", color=color, edgecolors="black",
                        linewidths=0.8, zorder=5, label=once("best"))
             ax.annotate("best %s @ %s" % (fmt(entry["best"]), entry["best_step"]),
-                        (entry["best_step"], entry["best"]), textcoords="offset points", xytext=(6, 8 + 12 * index),
+                        (x(entry["best_step"]), entry["best"]), textcoords="offset points", xytext=(6, 8 + 12 * index),
                         fontsize=8, color=color)
-    ax.set_xlabel("step")
+    ax.set_xlabel("epoch (batch as its fraction)" if epochs else "step")
     ax.set_ylabel(metric)
     ax.set_title("%s (%s is better)" % (metric, "lower" if mode == "min" else "higher"))
     ax.grid(True, alpha=0.3)

@@ -17,7 +17,14 @@ It passes only when all of these hold:
      *.pth, *.ckpt, *.safetensors at any depth). "{}" in the command becomes the file's path; the
      command is split with shlex and run without a shell, in the pulled directory. --inspect adds our
      checkpoint inspector (ckpt_inspect.py) as one more load check; a pull with no checkpoint passes it.
-On a pass it prints the profile's meter-stop action, what that destroys and what keeps billing
+  5. no other generation of the run exists only on the node, unless --keep-generation N names the one this
+     pull holds. A later attempt that did not continue an earlier one (resume --force-restart of a trainer with
+     no resume adapter) leaves the earlier attempt's verified results in DURABLE/generations/RID/N, and a
+     teardown destroys them; the untrained model of the restart must never pass alone. Pull a kept one with
+     pull_verified.py --generation N (DEST/RID@generation-N, --source .../generations/RID/N here), or keep the
+     current results with --keep-generation <their attempt>.
+On a pass its first line ends with how the run ended (succeeded, or INTERRUPTED / FAILED, the attempt, the exit
+code and the step its results stand at of the total, e.g. "results at step 2 of 6"), then the profile's meter-stop action, what that destroys and what keeps billing
 (from profiles/index.json), the run id, file count and bytes, that it covers this run only (a box
 that ran several runs needs scripts/node/final_sweep.py first), and that it did NOT tear anything down.
 
@@ -25,10 +32,13 @@ Usage:
   teardown_gate.py --pulled DEST/<run_id> --profile NAME
                    --source [HOST:]ROOT [--rsh "ssh -F cfg"]
                    [--load-check "CMD {}"]... [--inspect] [--load-glob GLOB]... [--load-timeout S] [--jobs N]
-                   [--stall-seconds S] [--json]
+                   [--stall-seconds S] [--keep-generation N] [--verdict-file PATH] [--json]
 
   python3 teardown_gate.py --pulled ./pulled/run-42 --source gpu-box:/workspace/durable/results/run-42 \\
       --profile runpod --load-check "python3 check_ckpt.py {}"
+
+The verdict is the gate's own: --verdict-file PATH gets it (JSON, atomically) before a word is printed, and
+a stdout that closes early (`| head -1`) never changes the exit code.
 
 Profile index: $RGT_PROFILE_INDEX (when set, that file or none), else <script dir>/../profiles/index.json,
 else <script dir>/index.json.
@@ -43,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -53,16 +64,25 @@ sys.path.insert(0, os.path.join(HERE, "node"))
 import evidence  # noqa: E402  (the node's manifest format; local side only)
 import pull_verified as pv  # noqa: E402
 import rgt_core as core  # noqa: E402
+import sync as node_sync  # noqa: E402  (where a run's kept generations live)
 
 # The gate proves one run; a box that ran a queue or a sweep holds others the pull never listed.
 SWEEP_HINT = ("  this gate covers run %s only: if the box ran other runs, first run on it "
               "`python3 ~/rgt-bin/final_sweep.py --runs-dir %s` (exit 0 = every run saved)")
 
 
+def results_root(root):
+    """The run's results dir for ROOT: ROOT itself, or DURABLE/results/RID for a kept generation
+    DURABLE/generations/RID/N (pull_verified.py --generation N)."""
+    gen = node_sync.generation_of(root)
+    return gen[0] if gen else root
+
+
 def runs_dir_of(source):
-    """DURABLE_DIR/runs on the node, read off a --source of the form [HOST:]DURABLE_DIR/results/RID."""
+    """DURABLE_DIR/runs on the node, read off a --source of the form [HOST:]DURABLE_DIR/results/RID (or a kept
+    generation of it)."""
     _host, root = pv.parse_source(source)
-    parent = os.path.dirname(root.rstrip("/"))
+    parent = os.path.dirname(results_root(root).rstrip("/"))
     if os.path.basename(parent) == "results":
         return pv.remote_quote(os.path.join(os.path.dirname(parent), "runs"))   # a leading ~/ stays expandable
     return "DURABLE_DIR/runs"
@@ -70,8 +90,8 @@ DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
 
 
 def run_dir_of(root):
-    """DURABLE_DIR/runs/RID for a results root DURABLE_DIR/results/RID, else None."""
-    parent, rid = os.path.split(root.rstrip("/"))
+    """DURABLE_DIR/runs/RID for a results root DURABLE_DIR/results/RID (or a generation of it), else None."""
+    parent, rid = os.path.split(results_root(root).rstrip("/"))
     if os.path.basename(parent) == "results" and rid:
         return os.path.join(os.path.dirname(parent), "runs", rid)
     return None
@@ -101,16 +121,96 @@ def run_activity(host, run_dir: str, rsh) -> dict:
 UsageError = core.UsageError
 
 
-def generation_line(activity) -> str:
-    """Which generation of the run's results the gate verified, and where earlier ones are kept on the node."""
+def generations(activity, root) -> dict:
+    """Which generation of the run this pull holds and which others exist only on the node.
+
+    -> {"pulled": N or None (unknown: a run from an older toolkit), "current": the generation in the results dir,
+    "kept": {N: dir} (earlier generations the node keeps), "why": {dir: why kept}, "others": [N...] (every
+    generation but the pulled one: the current results too when a kept generation was pulled)}."""
     gen = (activity or {}).get("generation") or {}
-    which = ("generation %s (the results of attempt %s)" % (gen["attempt"], gen["attempt"])
-             if gen.get("attempt") else "the current results (no generation recorded: a run from an older toolkit)")
-    kept = gen.get("kept") or []
+    current = gen.get("attempt") if isinstance(gen.get("attempt"), int) else None
+    kept = {}
+    for folder in gen.get("kept") or []:
+        name = os.path.basename(str(folder).rstrip("/"))
+        if name.isdigit():
+            kept[int(name)] = str(folder)
+    mine = node_sync.generation_of(root)
+    pulled = mine[1] if mine else current
+    others = set(kept) | ({current} if current is not None else set())
+    others.discard(pulled)
     why = gen.get("why") if isinstance(gen.get("why"), dict) else {}
-    named = ["%s (kept because %s)" % (d, why[d]) if why.get(d) else d for d in kept]
-    return "verified %s%s" % (which, "; earlier generations kept on the node, NOT verified by this gate: "
-                              + ", ".join(named) if kept else "")
+    return {"pulled": pulled, "current": current, "kept": kept, "why": why, "others": sorted(others)}
+
+
+def generation_text(gens, number) -> str:
+    """'generation 1 (attempt 1's verified results, kept in DIR because WHY)' for one generation of GENS."""
+    if number == gens["current"]:
+        return "generation %d (the current results, attempt %d's)" % (number, number)
+    folder = gens["kept"].get(number)
+    why = gens["why"].get(folder) if folder else None
+    return "generation %d (attempt %d's verified results, kept in %s%s)" % (
+        number, number, folder, " because " + str(why) if why else "")
+
+
+def generation_reasons(gens, keep, run_id, host) -> list:
+    """Refuse while another generation exists only on the node, unless KEEP names the one this pull holds."""
+    where = "rgt.py pull %s %s --generation N" % (host or "HOST", run_id)
+    pulled = gens["pulled"]
+    if keep is not None and pulled is not None and keep != pulled:
+        return [pv.problem("generation", "generation %d" % keep, (
+            "--keep-generation %d, but this pull holds generation %d: pull generation %d home (%s, or "
+            "pull_verified.py --generation %d) and gate that pull" % (keep, pulled, keep, where.replace(
+                "N", str(keep)), keep)))]
+    if keep is not None and pulled is None and keep in gens["kept"]:
+        return [pv.problem("generation", "generation %d" % keep, (
+            "--keep-generation %d, but this pull holds the current results: pull generation %d home (%s) and "
+            "gate that pull" % (keep, keep, where.replace("N", str(keep)))))]
+    if keep is None and gens["others"]:
+        held = "generation %d" % pulled if pulled is not None else "the current results"
+        return [pv.problem("generation", ", ".join("generation %d" % n for n in gens["others"]), (
+            "%s exist%s only on the node, and a teardown destroys %s; this pull holds %s. Say which generation "
+            "to keep: pull another one home (%s, or pull_verified.py --generation N) and gate that pull with "
+            "--keep-generation N, or keep this one: --keep-generation %s" % (
+                "; ".join(generation_text(gens, n) for n in gens["others"]),
+                "s" if len(gens["others"]) == 1 else "", "it" if len(gens["others"]) == 1 else "them", held,
+                where, pulled if pulled is not None else "N")))]
+    return []
+
+
+def generation_line(gens, keep) -> str:
+    """Which generation of the run's results the gate verified, and what a teardown destroys on the node."""
+    pulled = gens["pulled"]
+    which = ("generation %d (the results of attempt %d)" % (pulled, pulled) if pulled is not None
+             else "the current results (no generation recorded: a run from an older toolkit)")
+    if keep is not None:
+        which += ", the one you chose to keep (--keep-generation %d)" % keep
+    if not gens["others"]:
+        return "verified " + which
+    return ("verified %s; NOT pulled, on the node only, DESTROYED by a teardown: %s" % (
+        which, "; ".join(generation_text(gens, n) for n in gens["others"])))
+
+
+def number_text(value) -> str:
+    return "%d" % value if value == int(value) else "%g" % value
+
+
+STATE_WORD = re.compile(r"^[a-z_]{1,24}$")   # a state as the run record spells it; anything else reads "unknown"
+
+
+def run_state_text(activity) -> str:
+    """The run's state for the PASS line: 'run interrupted (attempt 2, exit 143), results at step 2 of 6'."""
+    if not activity or activity.get("state") is None:
+        return "run state not known: %s" % ((activity or {}).get("why") or "no run dir to check (--run-dir)")
+    state = activity["state"] if STATE_WORD.match(str(activity["state"])) else "unknown"
+    bits = [b for b in (
+        "attempt %s" % activity["attempt"] if isinstance(activity.get("attempt"), int) else None,
+        "exit %s" % activity["exit_code"] if isinstance(activity.get("exit_code"), int) else None) if b]
+    text = "run %s%s" % (state.upper() if state != "succeeded" else state, " (%s)" % ", ".join(bits) if bits else "")
+    step, total = activity.get("results_step"), activity.get("total_steps")
+    if isinstance(step, (int, float)):
+        text += ", results at step %s%s" % (number_text(step), " of %s" % number_text(total)
+                                            if isinstance(total, (int, float)) and total else "")
+    return text
 
 
 def gate_profile(name: str):
@@ -310,8 +410,31 @@ def parse_args(argv):
                              % pv.DEFAULT_STALL_SECONDS)
     parser.add_argument("--run-dir", help="the run's run dir on the same host, checked for a live attempt "
                                           "(default: DURABLE/runs/RID for a --source DURABLE/results/RID)")
+    parser.add_argument("--keep-generation", type=core.arg_number(int, 1, 1 << 30), metavar="N",
+                        help="the generation of the run you keep (its attempt number). Needed when the node holds "
+                             "more than one: a --force-restart without a resume adapter keeps the earlier "
+                             "attempt's results as DURABLE/generations/RID/N. Without it the gate refuses while "
+                             "any generation other than the pulled one exists only on the node; with it, N must be "
+                             "the generation this pull holds (pull_verified.py --generation N for a kept one), and "
+                             "the PASS names the generations a teardown destroys")
+    parser.add_argument("--verdict-file", metavar="PATH",
+                        help="also write the JSON verdict to PATH (atomically) before anything is printed, so a "
+                             "caller records the gate's own verdict even when stdout closes early (rgt.py gate)")
     parser.add_argument("--json", action="store_true", help="print a JSON verdict on stdout")
     return parser.parse_args(argv)
+
+
+def deliver(args, verdict: dict, lines, code: int) -> int:
+    """Record the verdict (--verdict-file) first, then print it. A stdout closed early (`| head -1`) loses only
+    the words: the verdict and the exit code stay the gate's own."""
+    if args.verdict_file:
+        try:
+            core.atomic_write_json(args.verdict_file, dict(verdict, exit_code=code))
+        except OSError as exc:
+            core.say_error("cannot write --verdict-file %s: %s" % (args.verdict_file, exc.strerror or exc),
+                           "teardown_gate.py")
+    core.write_stdout(json.dumps(verdict, indent=2) + "\n" if args.json else "".join(line + "\n" for line in lines))
+    return code
 
 
 def main(argv=None) -> int:
@@ -366,6 +489,7 @@ def main(argv=None) -> int:
 
     run_dir = args.run_dir or run_dir_of(root)
     verdict["run_dir"] = run_dir
+    activity = None
     if run_dir:   # a resumed attempt still running: the pull holds an earlier attempt's results, not the last
         try:
             activity = run_activity(host, run_dir, args.rsh)
@@ -376,6 +500,12 @@ def main(argv=None) -> int:
                                                               "again, then gate" % activity["why"]))
         except pv.FetchError as exc:
             reasons.append(pv.problem("node", run_dir, str(exc)))
+    gens = generations(activity, root)
+    verdict["generations"] = {"pulled": gens["pulled"], "current": gens["current"], "keep": args.keep_generation,
+                              "only_on_node": {str(n): gens["kept"].get(n, "the results dir") for n in gens["others"]}}
+    if activity is not None or args.keep_generation is not None:
+        rid = pulled_manifest["run_id"] if pulled_manifest is not None else os.path.basename(pulled_dir)
+        reasons += generation_reasons(gens, args.keep_generation, rid, host)
     if pulled_manifest is not None:
         verdict.update({"run_id": pulled_manifest["run_id"], "file_count": pulled_manifest["file_count"],
                         "total_bytes": pulled_manifest["total_bytes"]})
@@ -417,37 +547,33 @@ def main(argv=None) -> int:
     never = "NOT TORN DOWN: this gate did NOT stop, delete or release anything."
     verdict["reasons"] = reasons
     if reasons:
-        if args.json:
-            print(json.dumps(verdict, indent=2))
-        else:
-            print(f"REFUSED teardown gate for {verdict.get('run_id', pulled_dir)}: {len(reasons)} reason(s)")
-            for item in reasons[:pv.MAX_REPORTED]:
-                print(f"REASON {item['code']}: {item['path']}: {item['detail']}")
-            if len(reasons) > pv.MAX_REPORTED:
-                print(f"REASON ... and {len(reasons) - pv.MAX_REPORTED} more (use --json)")
-            print("Do not stop the meter or delete anything on the node yet: fix the reasons, pull again "
-                  "(pull_verified.py), then re-run this gate.")
-            print(never)
-        return 3
+        lines = [f"REFUSED teardown gate for {verdict.get('run_id', pulled_dir)}: {len(reasons)} reason(s)"]
+        for item in reasons[:pv.MAX_REPORTED]:
+            lines.append(f"REASON {item['code']}: {item['path']}: {item['detail']}")
+        if len(reasons) > pv.MAX_REPORTED:
+            lines.append(f"REASON ... and {len(reasons) - pv.MAX_REPORTED} more (use --json)")
+        lines.append("Do not stop the meter or delete anything on the node yet: fix the reasons, pull again "
+                     "(pull_verified.py), then re-run this gate.")
+        lines.append(never)
+        return deliver(args, verdict, lines, 3)
 
-    lines = meter_lines(args.profile, profile)
-    verdict.update({"ok": True, "verdict": "PASS", "meter_stop": profile.get("billing"),
+    state = run_state_text(activity)
+    verdict.update({"ok": True, "verdict": "PASS", "meter_stop": profile.get("billing"), "state_text": state,
                     "profile_index": index_info, "other_runs": (SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source))).strip()})
-    if args.json:
-        print(json.dumps(verdict, indent=2))
-        return 0
     checks = verdict.get("load_checks") or []
     node_mode = verdict["node_manifest"]["mode"]
-    print(f"PASS teardown gate for run {verdict['run_id']}: {verdict['file_count']} files, "
-          f"{verdict['total_bytes']} bytes ({pv.human(verdict['total_bytes'])}) in {pulled_dir}")
-    print(f"  match the node's current files ({node_mode}) and re-verified locally"
-          + (f"; {len(checks)} load-check(s) passed" if checks else ""))
-    print("  " + generation_line(verdict.get("run_state")))
-    for line in lines:
-        print(line)
-    print(SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source)))
-    print(never + " Stopping the meter is yours to do, with the user's go-ahead.")
-    return 0
+    lines = [f"PASS teardown gate for run {verdict['run_id']}: {verdict['file_count']} files, "
+             f"{verdict['total_bytes']} bytes ({pv.human(verdict['total_bytes'])}) in {pulled_dir}; {state}",
+             f"  match the node's current files ({node_mode}) and re-verified locally"
+             + (f"; {len(checks)} load-check(s) passed" if checks else "")]
+    if activity and activity.get("state") not in (None, "succeeded"):
+        lines.append("  WARN the run did not succeed (%s): these are the results it had saved when it stopped, "
+                     "not a finished training; resume it before tearing down if it should go on" % state)
+    lines.append("  " + generation_line(gens, args.keep_generation))
+    lines += meter_lines(args.profile, profile)
+    lines.append(SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source)))
+    lines.append(never + " Stopping the meter is yours to do, with the user's go-ahead.")
+    return deliver(args, verdict, lines, 0)
 
 
 if __name__ == "__main__":

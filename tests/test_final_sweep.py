@@ -104,3 +104,45 @@ def test_a_file_changed_after_the_sync_and_saved_nowhere_is_a_conflict(box):  # 
     assert "saved nowhere" in swept["solo"]["problems"][0]
     assert kept.read_bytes() == b"weights of solo"
     assert (box.work / "out_solo" / "model.bin").read_bytes() == b"rewritten by something else"
+
+
+# ---------------------------------------------------------------- N9: a run that produced nothing
+
+CRASHER = "import sys\nprint('loading data... CUDA error: out of memory at batch 0', flush=True)\nsys.exit(1)\n"
+
+
+def test_finding_field_N9_a_run_that_produced_nothing_can_be_acknowledged_and_its_crash_log_pulled(box, tmp_path):
+    res = box.launch("oom", [sys.executable, "-c", CRASHER], "--deadman-dry-run", "--output", "ckpt/*.pt",
+                     "--wait")
+    assert res.returncode != 0 and box.status("oom")["state"] in ("failed", "sync_failed"), box.status("oom")
+    launch(box, "fine")
+    assert box.wait_terminal("fine", 60)["state"] == "succeeded"
+    runs = box.durable / "runs"
+    code, swept = sweep(box.env, runs)
+    assert code == 1 and swept["oom"]["verdict"] == "FAILED" and swept["fine"]["verdict"] == "OK", swept
+    state = box.status("oom")["state"]
+
+    code, swept = sweep(box.env, runs, "--ack", "oom")
+    assert code == 0 and swept["oom"]["verdict"] == "ACKED" and swept["fine"]["verdict"] == "OK", swept
+    assert "its outputs are NOT saved" in swept["oom"]["problems"][0], swept["oom"]
+    assert box.status("oom")["state"] == state, "the ack never makes the run a success"
+    # its crash log is on durable storage under a manifest, and a verified pull brings it home
+    results = box.durable / "results" / "oom"
+    pulled = subprocess.run([sys.executable, str(NODE.parent / "pull_verified.py"), "--source", str(results),
+                             "--dest", str(tmp_path / "pulled")], capture_output=True, text=True, timeout=300)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert "CUDA error: out of memory" in (tmp_path / "pulled" / "oom" / "logs" / "job.log").read_text()
+    # later sweeps no longer block on it, ack or not
+    code, swept = sweep(box.env, runs)
+    assert code == 0 and swept["oom"]["verdict"] == "OK", swept
+    text = subprocess.run([sys.executable, str(SWEEP), "--runs-dir", str(runs)], env=box.env, capture_output=True,
+                          text=True, timeout=300)
+    assert text.returncode == 0 and "SAVED    oom" in text.stdout, text.stdout
+    assert "only its record and logs are saved" in text.stdout, text.stdout
+
+
+def test_finding_field_N9_an_ack_of_an_unknown_run_is_a_usage_error(box):
+    (box.durable / "runs").mkdir(parents=True, exist_ok=True)
+    res = subprocess.run([sys.executable, str(SWEEP), "--runs-dir", str(box.durable / "runs"), "--ack", "nope"],
+                         env=box.env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--ack nope: no run nope" in res.stderr, res.stderr

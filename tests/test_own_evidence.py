@@ -193,17 +193,22 @@ def relaunch(box, run_id, job, *opts, ok=True):
     return launch(box, run_id, job, *opts, ok=ok)
 
 
-def gate_lines(box, run_id, dest, profile_env):
-    """Pull RUN_ID's results to DEST and run the teardown gate on them -> the gate's stdout (it passed)."""
+def gate_lines(box, run_id, dest, profile_env, *extra):
+    """Pull RUN_ID's results to DEST and run the teardown gate on them (EXTRA: its options) -> the gate's stdout
+    (it passed)."""
     results = box.durable / "results" / run_id
     pulled = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source", str(results), "--dest",
                              str(dest)], capture_output=True, text=True, timeout=300)
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
-    gate = subprocess.run([sys.executable, str(SCRIPTS / "teardown_gate.py"), "--pulled", str(dest / run_id),
-                           "--profile", "examplecloud", "--source", str(results)],
-                          capture_output=True, text=True, timeout=300, env=profile_env)
+    gate = run_gate(dest / run_id, results, profile_env, *extra)
     assert gate.returncode == 0, gate.stdout + gate.stderr
     return gate.stdout
+
+
+def run_gate(pulled, source, profile_env, *extra):
+    return subprocess.run([sys.executable, str(SCRIPTS / "teardown_gate.py"), "--pulled", str(pulled),
+                           "--profile", "examplecloud", "--source", str(source), *map(str, extra)],
+                          capture_output=True, text=True, timeout=300, env=profile_env)
 
 
 @pytest.mark.drill("resume that cannot resume keeps durable output")
@@ -241,9 +246,10 @@ def test_finding_field_R2_a_resume_from_an_older_checkpoint_keeps_the_verified_g
     shown = subprocess.run([sys.executable, str(NODE / "run_status.py"), str(run_dir), "--no-gpu"],
                            capture_output=True, text=True, timeout=60, env=box.env).stdout
     assert "kept in %s" % kept in shown and "below the durable copy's step 10" in shown, shown
-    gate = gate_lines(box, "old", tmp_path / "pulled", profile_env)
-    assert "verified generation 2 (the results of attempt 2)" in gate, gate
-    assert "NOT verified by this gate: %s (kept because attempt 2 resumed at step 3" % kept in gate, gate
+    gate = gate_lines(box, "old", tmp_path / "pulled", profile_env, "--keep-generation", "2")
+    assert "verified generation 2 (the results of attempt 2), the one you chose to keep" in gate, gate
+    assert ("DESTROYED by a teardown: generation 1 (attempt 1's verified results, kept in %s because attempt 2 "
+            "resumed at step 3" % kept) in gate, gate
 
     # attempt 3 resumes from attempt 2's last checkpoint (step 10) and goes on: it continues, nothing more is kept
     job = trainer(box, "old", ckpt="ckpt/last.txt", out="out/model.bin", steps=15)
@@ -544,12 +550,102 @@ def test_multi_run_box_each_runs_evidence_holds_exactly_its_own_files(box, tmp_p
                                  str(results / run_id), "--dest", str(dest)], capture_output=True, text=True,
                                 timeout=300)
         assert pulled.returncode == 0, pulled.stdout + pulled.stderr
-        gate = subprocess.run([sys.executable, str(SCRIPTS / "teardown_gate.py"), "--pulled", str(dest / run_id),
-                               "--profile", "examplecloud", "--source", str(results / run_id)],
-                              capture_output=True, text=True, timeout=300, env=profile_env)
-        assert gate.returncode == 0, gate.stdout + gate.stderr
         attempt = 2 if run_id == "nores" else 1
+        # nores: the user keeps the current results on purpose; the kept generation 1 would otherwise refuse
+        gate = run_gate(dest / run_id, results / run_id, profile_env,
+                        *(["--keep-generation", "2"] if run_id == "nores" else []))
+        assert gate.returncode == 0, gate.stdout + gate.stderr
         assert "verified generation %d (the results of attempt %d)" % (attempt, attempt) in gate.stdout, gate.stdout
         if run_id == "nores":
-            assert "earlier generations kept on the node, NOT verified by this gate: %s" % kept in gate.stdout
+            assert "DESTROYED by a teardown: generation 1 (attempt 1's verified results, kept in %s" % kept \
+                in gate.stdout, gate.stdout
         assert sorted(p for p in outputs_of(dest / run_id) if p != "PULL_VERIFIED.json") == own[run_id]
+
+
+# ---------------------------------------------------------------- N3, N16: the gate and the generations of a run
+
+def forced_restart(box, run_id):
+    """Attempt 1 (no resume adapter) fails with the good model; a --force-restart trains an untrained one that
+    succeeds. -> (results dir, the kept generation 1's dir)."""
+    mode = box.tmp / ("%s-mode.json" % run_id)
+    mode.write_text(json.dumps({"out_text": "model at 6.71% correct\n", "code": 1}))
+    job = trainer(box, run_id, out="out/%s/model.bin" % run_id, mode=str(mode))
+    launch(box, run_id, job, "--output", "out/%s/*" % run_id, "--wait", ok=False)
+    mode.write_text(json.dumps({"out_text": "model at 0.18% correct\n", "code": 0}))
+    code, done, err = boot_resume(box, "--run", box.run_dir(run_id), "--force-restart")
+    assert code == 0 and done["action"] == "resumed", (done, err)
+    assert wait_for(lambda: box.status(run_id).get("state") == "succeeded" and box.status(run_id)["attempt"] == 2,
+                    120), box.status(run_id)
+    return box.durable / "results" / run_id, box.durable / "generations" / run_id / "1"
+
+
+def test_finding_field_N3_the_gate_never_passes_the_restart_alone_while_the_good_generation_is_on_the_node(
+        box, tmp_path, profile_env):
+    """resume --force-restart of a trainer with no resume flag: the results hold attempt 2's untrained model, the
+    good attempt-1 model sits only in DURABLE/generations/RID/1. The gate refuses until the user names which
+    generation to keep; pull_verified.py --generation 1 brings the good one home, verified, and the gate passes
+    it with --keep-generation 1 (and says the current results are destroyed by a teardown)."""
+    results, kept = forced_restart(box, "nores")
+    dest = tmp_path / "pulled"
+    pulled = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source", str(results), "--dest",
+                             str(dest)], capture_output=True, text=True, timeout=300)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert (dest / "nores" / "out/nores/model.bin").read_text() == "model at 0.18% correct\n"
+
+    refused = run_gate(dest / "nores", results, profile_env)
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "REASON generation: generation 1: generation 1 (attempt 1's verified results, kept in %s" % kept \
+        in refused.stdout, refused.stdout
+    assert "--keep-generation N" in refused.stdout and "pull_verified.py --generation N" in refused.stdout
+    as_json = json.loads(run_gate(dest / "nores", results, profile_env, "--json").stdout)
+    assert as_json["verdict"] == "REFUSED" and as_json["generations"]["only_on_node"] == {"1": str(kept)}
+    # naming a generation this pull does not hold is refused too
+    wrong = run_gate(dest / "nores", results, profile_env, "--keep-generation", "1")
+    assert wrong.returncode == 3 and "this pull holds generation 2: pull generation 1 home" in wrong.stdout
+
+    # pull --generation 1: the kept generation comes home through the same manifest checks
+    gen = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source", str(results), "--dest",
+                          str(dest), "--generation", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0, gen.stdout + gen.stderr
+    home = dest / "nores@generation-1"
+    assert json.loads(gen.stdout)["dest"] == str(home)
+    said = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source", str(results), "--dest",
+                           str(dest), "--generation", "1"], capture_output=True, text=True, timeout=300)
+    assert said.returncode == 0 and "ALREADY pulled and verified: %s " % home in said.stdout, said.stdout
+    assert (home / "out/nores/model.bin").read_text() == "model at 6.71% correct\n"
+    assert read(home / "PULL_VERIFIED.json")["generation"] == 1 and verify(home) == []
+    (kept / "out/nores/model.bin").write_text("model at 6.71% correct, changed\n")   # a byte changed on the node
+    stale = run_gate(home, kept, profile_env, "--keep-generation", "1")
+    assert stale.returncode == 3 and "changed on the node since the pull" in stale.stdout, stale.stdout
+    (kept / "out/nores/model.bin").write_text("model at 6.71% correct\n")
+
+    kept_one = run_gate(home, kept, profile_env, "--keep-generation", "1")
+    assert kept_one.returncode == 0, kept_one.stdout + kept_one.stderr
+    assert "verified generation 1 (the results of attempt 1), the one you chose to keep" in kept_one.stdout
+    assert "DESTROYED by a teardown: generation 2 (the current results, attempt 2's)" in kept_one.stdout, \
+        kept_one.stdout
+    # keeping the current results is the user's word too
+    current = run_gate(dest / "nores", results, profile_env, "--keep-generation", "2")
+    assert current.returncode == 0 and "DESTROYED by a teardown: generation 1" in current.stdout, current.stdout
+
+
+def test_finding_field_N3_pull_of_a_generation_the_node_does_not_keep_is_one_line(box, tmp_path):
+    results = box.durable / "results" / "none"
+    results.mkdir(parents=True)
+    res = subprocess.run([sys.executable, str(SCRIPTS / "pull_verified.py"), "--source", str(results), "--dest",
+                          str(tmp_path / "pulled"), "--generation", "3"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--generation 3:" in res.stderr and "does not exist" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "pulled").exists()
+
+
+def test_finding_field_N16_a_gate_pass_says_the_run_failed_and_where_its_results_stand(box, tmp_path, profile_env):
+    """A run that stopped at step 2 of 6 (here: it failed) passes the gate with its results, and the PASS line says
+    so: the state, the attempt, the exit code and the step of the total."""
+    job = trainer(box, "cut", ckpt="ckpt/cut.txt", steps=2, code=1, hb=True)
+    launch(box, "cut", job, "--output", "ckpt/*", "--total-steps", "6", "--wait", ok=False)
+    assert box.status("cut")["state"] == "failed" and box.status("cut")["sync"]["ok"], box.status("cut")
+    out = gate_lines(box, "cut", tmp_path / "pulled", profile_env)
+    first = out.splitlines()[0]
+    assert first.startswith("PASS teardown gate for run cut: ") and \
+        first.endswith("; run FAILED (attempt 1, exit 1), results at step 2 of 6"), first
+    assert "WARN the run did not succeed" in out, out

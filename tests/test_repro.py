@@ -266,3 +266,54 @@ def test_run_env_compare_refuses_a_record_of_another_shape(tmp_path, old, why):
                          timeout=300, env=env_for(tmp_path))
     assert res.returncode == 2 and why in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
     assert not (tmp_path / "run" / "env.json").exists(), "nothing is recorded from a bad request"
+
+
+# ---------------------------------------------------------------- N7: a stdout-only trainer
+
+STDOUT_JOB = '''import sys
+for step in range(12):
+    print("iter %d: loss %.4f, time 3.1ms" % (step, 4.0 / (1 + 0.5 * step)), flush=True)
+    if step % 4 == 0:
+        print("step %d: train loss %.4f, val loss %.4f" % (step, 3.0 - 0.1 * step, 3.5 - 0.1 * step), flush=True)
+'''
+ITER_RX = r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)"
+EVAL_RX = r"step (?P<step>\d+): train loss (?P<train_loss>[\d.]+), val loss (?P<val_loss>[\d.]+)"
+
+
+def stdout_only_run(tmp_path):
+    """nanoGPT-like: the job's numbers are only in its stdout, which the launcher keeps as the run dir's job.log
+    (with a supervisor line in it)."""
+    proj = committed_project(tmp_path, STDOUT_JOB)
+    run_dir = tmp_path / "runs" / "nano"
+    run_dir.mkdir(parents=True)
+    cmd = [sys.executable, "job.py"]
+    out = subprocess.run(cmd, cwd=str(proj), capture_output=True, text=True, timeout=60).stdout
+    (run_dir / "job.log").write_text("[rgt 12:00:00] starting: python3 job.py\n" + out)
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "nano", "cmd": cmd, "cwd": str(proj)}))
+    res = subprocess.run([sys.executable, RUN_ENV, str(run_dir), "--cwd", str(proj), "--timeout", "60"],
+                         capture_output=True, text=True, timeout=300, env=env_for(tmp_path))
+    assert res.returncode == 0, res.stderr
+    return run_dir
+
+
+def test_finding_field_N7_repro_takes_the_log_regex_of_run_forensics_for_a_stdout_only_trainer(tmp_path):
+    run_dir = stdout_only_run(tmp_path)
+    refused = repro(run_dir, "-o", tmp_path / "repro.sh")
+    assert refused.returncode == 3 and "--log-regex" in refused.stderr, refused.stderr
+    res = repro(run_dir, "-o", tmp_path / "repro.sh", "--log-regex", ITER_RX, "--log-regex", EVAL_RX, "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["log_regex"] == [ITER_RX, EVAL_RX] and doc["claims"] == 12, doc   # loss, train_loss, val_loss x 4
+    done = run_script(tmp_path / "repro.sh", tmp_path / "w", tmp_path)
+    assert done.returncode == 0 and "REPRODUCED" in done.stdout, done.stdout + done.stderr
+    got = [json.loads(line) for line in (tmp_path / "w" / "steps" / "job.log.1.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in got] == list(range(12))
+
+
+def test_finding_field_N7_a_log_number_that_differs_is_caught(tmp_path):
+    run_dir = stdout_only_run(tmp_path)
+    log = run_dir / "job.log"
+    log.write_text(log.read_text().replace("iter 11: loss 0.6154", "iter 11: loss 0.5154"))
+    assert repro(run_dir, "-o", tmp_path / "repro.sh", "--log-regex", ITER_RX).returncode == 0
+    done = run_script(tmp_path / "repro.sh", tmp_path / "w", tmp_path)
+    assert done.returncode == 1 and "DIFFERS" in done.stdout, done.stdout + done.stderr

@@ -294,10 +294,22 @@ def test_finding_field_R2_resume_over_ssh_refuses_a_restart_that_supersedes_veri
 
     pulled = tmp_path / "pulled"
     assert rgt(tmp_path, sshd_server, "pull", "gpu-box", "nores-1", "--dest", str(pulled)).returncode == 0
+    # the untrained attempt-2 model never passes alone while the good generation 1 is only on the node (N3)
     gate = rgt(tmp_path, sshd_server, "gate", "gpu-box", "nores-1", "--dest", str(pulled))
+    assert gate.returncode == 3, gate.stdout + gate.stderr
+    assert "REASON generation: generation 1: generation 1 (attempt 1's verified results, kept in %s because attempt 2 " \
+           "had no resume adapter" % kept in gate.stdout, gate.stdout
+    assert "rgt.py pull gpu-box nores-1 --generation N" in gate.stdout, gate.stdout
+    got = rgt(tmp_path, sshd_server, "pull", "gpu-box", "nores-1", "--dest", str(pulled), "--generation", "1")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert (pulled / "nores-1@generation-1" / "out" / "model.bin").read_text() == "model at 6.71% correct"
+    gate = rgt(tmp_path, sshd_server, "gate", "gpu-box", "nores-1", "--dest", str(pulled), "--keep-generation", "1")
     assert gate.returncode == 0, gate.stdout + gate.stderr
-    assert "verified generation 2 (the results of attempt 2)" in gate.stdout, gate.stdout
-    assert "NOT verified by this gate: %s (kept because attempt 2 had no resume adapter" % kept in gate.stdout
+    assert "verified generation 1 (the results of attempt 1), the one you chose to keep" in gate.stdout, gate.stdout
+    assert "DESTROYED by a teardown: generation 2 (the current results, attempt 2's)" in gate.stdout, gate.stdout
+    rows = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert [(r["verdict"], r.get("keep_generation")) for r in rows if r["event"] == "gate"] == \
+        [("REFUSED", None), ("PASS", 1)]
 
 
 def test_a_node_without_the_toolkit_gets_one_clear_line(tmp_path, sshd_server):

@@ -207,7 +207,7 @@ def test_diff_of_launcher_runs_flattens_cmd_and_environment(tmp_path):
     b = launcher_run(tmp_path, "b", 0.1, 2, "2.6.0")
     out = as_json(forensics("diff", a, b, "--json"))
     keys = {row["key"] for row in out["differing"]}
-    assert keys == {"cmd.seed", "run.cmd", "env.torch.version"}, keys
+    assert keys == {"cmd.seed", "env.torch.version"}, keys
     text = forensics("diff", a, b).stdout
     assert "WARN more than the one knob" in text
     assert "run.run_id" in {r["key"] for r in as_json(forensics("diff", a, b, "--all", "--json"))["differing"]}
@@ -379,3 +379,85 @@ def test_a_log_regex_without_a_step_group_or_that_does_not_compile_is_exit_2(tmp
             assert said in line and "--log-regex" in line, line
     res = forensics("steps", run / "logs" / "job.log", "--log-regex", ITER_RX, "--log-regex", EVAL_RX)
     assert res.returncode == 2 and "both name 'loss'" in res.stderr
+
+
+# ---------------------------------------------------------------- N6: a batch index that restarts every epoch
+
+EPOCH_RX = r"Epoch (?P<epoch>\d+) \[(?P<step>\d+)/5\] loss (?P<loss>[\d.]+)"
+# three epochs of five batches: the best loss is in epoch 1, the last epoch overfits and ends worse
+EPOCH_LOSS = {0: [2.0, 1.8, 1.6, 1.5, 1.4], 1: [1.3, 1.2, 1.1, 0.5, 1.0], 2: [1.2, 1.3, 1.4, 1.5, 1.6]}
+
+
+def epoch_log(resume_at=None):
+    """job.log of a trainer that prints `Epoch E [B/5] loss L`; RESUME_AT (epoch, batch): a supervisor
+    `starting:` line and the attempt after it logs that epoch again from batch 0 (a real resume)."""
+    lines = ["[rgt 12:00:00] starting: python3 train.py"]
+    for epoch, losses in sorted(EPOCH_LOSS.items()):
+        for batch, loss in enumerate(losses):
+            lines.append("Epoch %d [%d/5] loss %.2f" % (epoch, batch, loss))
+            if resume_at == (epoch, batch):
+                lines.append("[rgt 12:05:00] starting: python3 train.py")
+                lines += ["Epoch %d [%d/5] loss %.2f" % (epoch, b, EPOCH_LOSS[epoch][b]) for b in range(batch + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def test_finding_field_N6_an_epoch_and_batch_log_is_read_as_epoch_batch_steps(tmp_path):
+    """`epoch` and `step` groups: each (epoch, batch) is its own step, in order; best and last cover all three
+    epochs (the old reading kept five points, each batch index's last epoch, and made epoch a metric)."""
+    run = pulled_stdout_run(tmp_path, "ep", epoch_log())
+    doc = strict_json(forensics("list", run, "--metric", "loss", "--log-regex", EPOCH_RX, "--json").stdout)
+    stats = doc["runs"][0]["metrics"]["loss"]
+    assert stats["points"] == 15 and stats["first_step"] == [0, 0] and stats["last_step"] == [2, 4], stats
+    assert stats["best"] == 0.5 and stats["best_step"] == [1, 3] and stats["last"] == 1.6, stats
+    assert "epoch" not in doc["runs"][0]["metrics"], doc["runs"][0]["metrics"]
+    text = forensics("list", run, "--metric", "loss", "--log-regex", EPOCH_RX).stdout
+    assert "epoch 1 batch 3" in text and "epoch 2 batch 4" in text, text
+    curve = strict_json(forensics("curve", run, "--metric", "loss", "--log-regex", EPOCH_RX, "--json").stdout)
+    assert [f["kind"] for f in curve["findings"]] == ["early_peak"] and curve["findings"][0]["step"] == [1, 3]
+    steps = [json.loads(line) for line in forensics("steps", run / "logs" / "job.log", "--log-regex", EPOCH_RX)
+             .stdout.splitlines()]
+    assert [p["step"] for p in steps][:6] == [[0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [1, 0]] and len(steps) == 15
+
+
+def test_finding_field_N6_each_epoch_start_is_not_a_resume_but_a_real_resume_still_is(tmp_path):
+    need_module("matplotlib")
+    plain = pulled_stdout_run(tmp_path, "plain", epoch_log())
+    resumed = pulled_stdout_run(tmp_path, "resumed", epoch_log(resume_at=(1, 2)))
+    res = forensics("plot", plain, resumed, "--metric", "loss", "--log-regex", EPOCH_RX, "--out",
+                    tmp_path / "ep.png", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = {r["name"]: r for r in json.loads(res.stdout)["runs"]}
+    assert runs["plain"]["restarts"] == [] and runs["plain"]["points"] == 15, runs["plain"]
+    assert runs["resumed"]["restarts"] == [[1, 0]] and runs["resumed"]["replaced"] == 3, runs["resumed"]
+    assert runs["resumed"]["best_step"] == [1, 3] and runs["resumed"]["last_step"] == [2, 4]
+
+
+# ---------------------------------------------------------------- N8: per-run settings are not knobs
+
+def sweep_cell(tmp_path, name, lr, script="train.py"):
+    """A cell of a sweep as the launcher records it: its own cwd, outputs, run dir, and a command line with the
+    one knob (--lr) and its own output folder."""
+    run = tmp_path / name
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({
+        "run_id": name, "cwd": "/work/sweep/%s" % name, "profile": "runpod", "durable_dir": "/workspace/d-%s" % name,
+        "run_dir": "/workspace/d/runs/%s" % name, "results_dir": "/workspace/d/results/%s" % name,
+        "outputs": ["out/%s/*.pt" % name, "logs/%s/*.jsonl" % name], "allow_empty": ["logs/%s/*.jsonl" % name],
+        "resume_glob": "out/%s/ckpt_*.pt" % name, "progress_regex": r"step (?P<step>\d+)",
+        "cmd": ["python3", script, "--lr", str(lr), "--batch", "64", "--save", "out/%s" % name]}))
+    (run / "env.json").write_text(json.dumps({"python": {"version": "3.11.7"}, "git": {"commit": "abc"}}))
+    return run
+
+
+def test_finding_field_N8_diff_counts_only_the_knob_not_the_command_line_outputs_or_run_dir(tmp_path):
+    a, b = sweep_cell(tmp_path, "lr1", 0.1), sweep_cell(tmp_path, "lr2", 0.2)
+    out = as_json(forensics("diff", a, b, "--json"))
+    assert [(r["key"], r["a"], r["b"]) for r in out["differing"]] == [("cmd.lr", "0.1", "0.2")], out["differing"]
+    text = forensics("diff", a, b).stdout
+    assert "1 differing key(s)" in text and "WARN more than the one knob" not in text, text
+    shown = {r["key"] for r in as_json(forensics("diff", a, b, "--all", "--json"))["differing"]}
+    assert {"run.cmd", "run.outputs", "run.cwd", "run.run_dir"} <= shown, shown
+    # a different script is still a second variable
+    c = sweep_cell(tmp_path, "lr3", 0.1, script="train_v2.py")
+    keys = {r["key"] for r in as_json(forensics("diff", a, c, "--json"))["differing"]}
+    assert keys == {"cmd.words"}, keys

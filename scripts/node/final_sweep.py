@@ -18,19 +18,24 @@ it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
      in its own-files mode: only files the run's own attempts recorded in its files.json, never another run's
      files from a shared working dir; copies hashed while copying, a damaged checkpoint never replaces a
      good copy), then checked again. --check-only reports instead of syncing.
+  5. a run the user acknowledges with --ack RID (one that produced nothing: it crashed before its first save,
+     or its output globs match nothing) that still cannot be saved is ACKED instead of FAILED: its record and
+     logs are synced alone (sync.py --logs-only: the crash log, under a manifest of their own, so `rgt.py pull`
+     and the gate take them like any results), and it no longer blocks the sweep. An ack never applies to a run
+     that is RUNNING or in CONFLICT, and a run that can be saved is saved (SYNCED), ack or not.
 The sweep writes nothing but what the run's own sync writes, and never deletes anything.
 
 Usage:
-  final_sweep.py --runs-dir DIR [--runs-dir DIR]... [--check-only] [--jobs N] [--json]
+  final_sweep.py --runs-dir DIR [--runs-dir DIR]... [--check-only] [--ack RID]... [--jobs N] [--json]
 
-Output: one line per run (OK, SYNCED, SAVED, RUNNING, STALE, CONFLICT, FAILED) with the run's own state and
+Output: one line per run (OK, SYNCED, SAVED, ACKED, RUNNING, STALE, CONFLICT, FAILED) with the run's own state and
 exit code, and a verdict; OK only for a run that succeeded, SAVED for one whose outputs verify on
 durable storage but that crashed, was interrupted or failed its own sync. Or --json:
 {"ok", "runs": [{"run_id", "run_dir", "verdict", "state", "exit_code", "results_dir", "file_count", "problems",
 "left_alone"}]}.
 
-Exit codes: 0 every run's outputs are on durable storage and verify (safe to release, as far as the
-runs go: still pull and gate what you need); 1 at least one run is RUNNING, in CONFLICT, could not be
+Exit codes: 0 every run's outputs are on durable storage and verify, or were acknowledged with --ack (safe to
+release, as far as the runs go: still pull and gate what you need); 1 at least one run is RUNNING, in CONFLICT, could not be
 synced or still fails verification (each listed); 2 usage; 3 --check-only found runs that need a sync.
 """
 import functools
@@ -179,6 +184,9 @@ def sweep_one(run_dir, args):
         return item
     if not problems:
         item.update(verdict="OK", file_count=manifest["file_count"])
+        if isinstance(status.get("sync"), dict) and status["sync"].get("logs_only"):
+            notes.append("only its record and logs are saved: it was acknowledged (--ack) as a run that produced "
+                         "nothing")
         return item
     if args.check_only:
         item["verdict"] = "STALE"
@@ -198,7 +206,28 @@ def sweep_one(run_dir, args):
     else:
         why = res.output.strip().splitlines()[-1:] or ["sync exit %s" % res.rc]
         item.update(verdict="FAILED", problems=after + ["sync: " + why[0][:300]])
+        if item["run_id"] in args.ack:
+            acknowledge(item, run_dir, args)
     return item
+
+
+def acknowledge(item, run_dir, args):
+    """--ack RID for a run whose outputs cannot be saved: its record and logs are synced alone (sync.py
+    --logs-only) so its crash log can be pulled, and it reads ACKED, not FAILED."""
+    given_up = item["problems"]
+    res = core.run_bounded([sys.executable, os.path.join(HERE, "sync.py"), "--run-dir", run_dir, "--logs-only"],
+                           args.sync_timeout)
+    _run, _status, results, manifest, after, _conflicts = check(run_dir, args)
+    if res.rc == 0 and not after:
+        logs = "its record and logs are on durable storage (%d files in %s): pull them like any results" % (
+            manifest["file_count"], results)
+        item["file_count"] = manifest["file_count"]
+    else:
+        why = res.output.strip().splitlines()[-1:] or ["sync exit %s" % res.rc]
+        logs = "its logs could not be saved either (%s): read them on the box before releasing it" % why[0][:200]
+    item.update(verdict="ACKED", acked=True, given_up=given_up,
+                problems=["acknowledged with --ack: its outputs are NOT saved (%s); %s" % (
+                    "; ".join(given_up[:2]), logs)])
 
 
 def state_text(item):
@@ -221,6 +250,10 @@ def main(argv=None):
                          formatter_class=core.RawHelp, epilog=core.exit_codes_epilog(__doc__))
     parser.add_argument("--runs-dir", action="append", required=True, help="a runs dir (DURABLE_DIR/runs)")
     parser.add_argument("--check-only", action="store_true", help="report what needs a sync; sync nothing")
+    parser.add_argument("--ack", action="append", default=[], metavar="RID",
+                        help="acknowledge that run RID produced nothing worth saving: when its outputs cannot be "
+                             "saved it reads ACKED (its record and logs synced alone, so they can be pulled) and "
+                             "no longer blocks the sweep (repeatable)")
     parser.add_argument("--jobs", type=core.arg_number(int, 1, 257), default=4, help="parallel hashing (4)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
@@ -230,6 +263,10 @@ def main(argv=None):
         if not os.path.isdir(root):
             raise core.UsageError("--runs-dir %s is not a directory" % root)
     dirs = list(run_dirs(args.runs_dir))
+    known = {core.read_json(os.path.join(d, "run.json")).get("run_id") or os.path.basename(d) for d in dirs}
+    for rid in args.ack:
+        if rid not in known:
+            raise core.UsageError("--ack %s: no run %s under %s" % (rid, rid, ", ".join(args.runs_dir)))
     args.elsewhere = functools.lru_cache(maxsize=None)(lambda: saved_elsewhere(dirs))  # built once, if needed
     items = [sweep_one(d, args) for d in dirs]
     bad = [i for i in items if i["verdict"] in ("RUNNING", "FAILED", "CONFLICT")]

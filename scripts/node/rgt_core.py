@@ -287,6 +287,24 @@ def emit_json(obj, stream=None):
     (stream or sys.stdout).flush()
 
 
+def write_stdout(text):
+    """Write TEXT to stdout and flush -> whether it got there. A reader that went away (`| head -1`, a closed
+    pipe) costs only the words: stdout is pointed at /dev/null so the exit flush cannot fail either, and the
+    caller's verdict and exit code stay its own."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return True
+    except (BrokenPipeError, ValueError, OSError):
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
+        except (OSError, ValueError):
+            pass
+        return False
+
+
 def utc_iso(ts=None):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
 
@@ -1050,9 +1068,10 @@ def resume_in_progress(run_dir):
 
 
 def run_activity(run_dir):
-    """Whether any attempt of the run in RUN_DIR may still run -> {"live", "state", "attempt", "why"}. Live: the
-    recorded supervisor or job is alive, a resume is starting the next attempt, or the run says it is starting
-    and has no process recorded yet. The teardown gate refuses while this says live."""
+    """Whether any attempt of the run in RUN_DIR may still run -> {"live", "state", "attempt", "why", "generation",
+    "exit_code", "error", "results_step", "total_steps"}. Live: the recorded supervisor or job is alive, a resume
+    is starting the next attempt, or the run says it is starting and has no process recorded yet. The teardown
+    gate refuses while this says live, and names the state and the generations in its verdict."""
     if not os.path.isdir(run_dir):
         return {"live": False, "state": None, "attempt": None, "why": "no run dir at %s" % run_dir}
     status = read_json(os.path.join(run_dir, "status.json"))
@@ -1076,7 +1095,23 @@ def run_activity(run_dir):
         why[last["dir"]] = last.get("why")
     out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept,
                          "why": {d: str(why[d]) for d in kept if why.get(d)}}
+    # how the run ended, and where its results stand (the step its last verified sync recorded, of the total
+    # heartbeat.json or the launch gave), so a gate PASS can say "interrupted at step 2 of 6"
+    code = status.get("exit_code")
+    out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) else None
+    out["error"] = status.get("error")[:300] if isinstance(status.get("error"), str) else None
+    step = sync.get("step") if isinstance(sync.get("step"), dict) else {}
+    total = read_json(os.path.join(run_dir, "heartbeat.json")).get("total_steps")
+    if not _count(total):
+        total = read_json(os.path.join(run_dir, "run.json")).get("total_steps")
+    out["results_step"] = step.get("step") if _count(step.get("step")) else None
+    out["total_steps"] = total if _count(total) else None
     return out
+
+
+def _count(value):
+    """Whether VALUE is a plain finite non-negative number (a step or a total as a record holds it)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def active_runs(runs_dirs, exclude=()):

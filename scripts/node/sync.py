@@ -24,10 +24,11 @@ disk ends in sync_failed with the error recorded (a small reserve file in the ru
 status can still be written).
 
 Usage:
-  sync.py --run-dir D [--own-only]
+  sync.py --run-dir D [--own-only] [--logs-only]
       sync a finished run again; 0 ok, 1 failed, 2 usage, 3 refused (its supervisor is alive: it syncs by
       itself at the end); with --own-only (final_sweep.py) only files this run's attempts recorded in
-      files.json are copied
+      files.json are copied; with --logs-only (final_sweep.py --ack) only the record and logs, under a manifest
+      of their own (sync.logs_only), and the run's state stays what it was
 
 Exit codes: 0 ok, 1 the sync failed, 2 usage, 3 refused.
 """
@@ -200,12 +201,34 @@ def attempt_steps(run_dir, meta, status):
     return first, last
 
 
+def generations_dir(results):
+    """Where the earlier generations of the run whose results dir is RESULTS are kept: DURABLE/generations/RID
+    for RESULTS = DURABLE/results/RID, else RESULTS' parent/generations. Generation N is its folder N. The
+    laptop's pull and gate read the same rule off a node path (never made absolute here)."""
+    results = results.rstrip("/") or "/"
+    parent = os.path.dirname(results)
+    if os.path.basename(parent) == "results":
+        return os.path.join(os.path.dirname(parent), "generations", os.path.basename(results))
+    return os.path.join(parent, "generations")
+
+
+def generation_of(root):
+    """(results dir, N) for ROOT = DURABLE/generations/RID/N (a kept generation), else None."""
+    root = root.rstrip("/")
+    head, number = os.path.split(root)
+    gens, rid = os.path.split(head)
+    if not (number.isdigit() and rid and os.path.basename(gens) == "generations"):
+        return None
+    return os.path.join(os.path.dirname(gens), "results", rid), int(number)
+
+
 class Sync(object):
     """One end-of-run sync into the results dir; .run() -> the status.json "sync" object."""
 
-    def __init__(self, run_dir, note=None, own_only=False, env_record=None):
+    def __init__(self, run_dir, note=None, own_only=False, env_record=None, logs_only=False):
         self.run_dir = run_dir
         self.own_only = own_only
+        self.logs_only = logs_only   # the record and logs only: a run that produced nothing (final_sweep.py --ack)
         self.env_record = env_record   # the supervisor's run_env thread, when it is the one syncing
         self.left_out = []
         self.meta = core.read_json(run_path(run_dir, RUN))
@@ -297,7 +320,7 @@ class Sync(object):
             self.env_record.join(limit)
 
     def run(self):
-        outputs = list(self.meta.get("outputs") or [])
+        outputs = [] if self.logs_only else list(self.meta.get("outputs") or [])
         self.allow_empty = [LOGS_ROSTER] + list(self.meta.get("allow_empty") or [])
         run_id = self.meta.get("run_id") or os.path.basename(self.run_dir)
         doc = {"ok": False, "verified": False, "results_dir": self.results, "manifest": None, "file_count": 0,
@@ -307,7 +330,8 @@ class Sync(object):
         plan, plan_errors = plan_outputs(self.meta.get("cwd") or ".", outputs)
         self.errors.extend(plan_errors)
         plan = self.own_plan(plan, outputs)
-        doc.update(left_out=self.left_out, generation=self.meta.get("attempt") or 1, kept_generation=None)
+        doc.update(left_out=self.left_out, generation=self.meta.get("attempt") or 1, kept_generation=None,
+                   logs_only=self.logs_only)
         # the step the results stand at once this sync lands (generation.json keeps it for the next attempt)
         self.first_step, doc["step"] = attempt_steps(self.run_dir, self.meta, read_status(self.run_dir))
         if not self.keep_generation(doc):
@@ -362,10 +386,7 @@ class Sync(object):
         return kept
 
     def generations_dir(self):
-        parent = os.path.dirname(os.path.abspath(self.results))
-        if os.path.basename(parent) == "results":
-            return os.path.join(os.path.dirname(parent), "generations", os.path.basename(self.results))
-        return os.path.join(parent, "generations")
+        return generations_dir(os.path.abspath(self.results))
 
     def keep_generation(self, doc):
         """Before a later attempt that did not continue the earlier one (see not_continued) replaces a verified
@@ -535,10 +556,12 @@ def op_sync(args):
     if doc.get("state") not in TERMINAL + ("syncing",) or core.identity_alive(doc.get("supervisor_identity")):
         raise core.Refused("the run is %s and its supervisor is alive: it syncs by itself at the end"
                            % doc.get("state"))
-    sync = Sync(run_dir, lambda text: say("[rgt] " + text), own_only=args.own_only).run()
+    sync = Sync(run_dir, lambda text: say("[rgt] " + text), own_only=args.own_only, logs_only=args.logs_only).run()
     rc = doc.get("exit_code")
     # no exit code: the job never finished (its supervisor died with the box), so it did not succeed
     state = "failed" if rc or rc is None else ("succeeded" if sync["ok"] else "sync_failed")
+    if args.logs_only and state == "succeeded":   # its logs are saved, its outputs are not: not a success
+        state = doc.get("state") if doc.get("state") in TERMINAL and doc.get("state") != "succeeded" else "sync_failed"
     if doc.get("state") == "interrupted":   # a re-sync never hides that the run was cut short
         state = "interrupted"
     error = set_status(run_dir, state=state, sync=sync)
@@ -554,6 +577,9 @@ def main(argv=None):
     parser.add_argument("--run-dir", required=True, help="the run dir (holds run.json and status.json)")
     parser.add_argument("--own-only", action="store_true",
                         help="copy only the files this run's attempts recorded in files.json (final_sweep.py)")
+    parser.add_argument("--logs-only", action="store_true",
+                        help="copy only the run's record and logs, no outputs: a run that produced nothing, "
+                             "acknowledged with final_sweep.py --ack, so its crash log can be pulled")
     return op_sync(parser.parse_args(argv))
 
 
