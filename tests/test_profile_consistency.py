@@ -399,9 +399,12 @@ def test_tier_missing_from_table_is_caught(tmp_path):
 
 
 def test_disputed_billing_without_uncertain_is_caught(tmp_path):
-    # RunPod §5 says the sources disagree on network-volume billing; dropping the data's uncertainty must fail.
+    # A §5 that says the sources disagree on billing, with the data's uncertainty dropped, must fail.
     def edit(text):
-        return re.sub(r"^uncertain:\n(?:  .*\n)+", "", text, count=1, flags=re.M)
+        text = re.sub(r"^uncertain:\n(?:  .*\n)+", "uncertain: []\n", text, count=1, flags=re.M)
+        return text.replace("- **Meter stop = terminate.**",
+                            "- Network volumes: the pricing and billing pages disagree on how often they bill.\n"
+                            "- **Meter stop = terminate.**", 1)
     problems = check_profile(planted(tmp_path, "runpod", edit))
     assert any("§5 says the sources disagree" in p for p in problems), problems
     assert any("billing.granularity calls itself disputed" in p for p in problems), problems
