@@ -372,8 +372,8 @@ def test_table_rows_local_first_then_alphabetical(tmp_path):
             assert row.startswith(f"| [{index[pid]['title']}](profiles/{pid}.md) |")
             assert (root / "profiles" / f"{pid}.md").is_file()
         header = block.strip().splitlines()[0]
-        if name == "SKILL.md":  # the hub's budget: the stop and what keeps billing; the rest is one hop away
-            assert header == "| Platform | Stop the meter | Still billing when paused |"
+        if name == "SKILL.md":  # the hub's budget: the stop only; the rest is one hop away (the profile's §5)
+            assert header == "| Platform | Stop the meter |"
             continue
         assert header == "| Platform | Stop the meter | What that destroys | Still billing when paused | Checked |"
         for row, pid in zip(rows, ids):  # the month the money facts were last checked, so staleness shows
