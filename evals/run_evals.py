@@ -277,12 +277,17 @@ def reading(root, cases):
     """{case id: {"route": chars by the offered route, "whole_files": chars reading whole files, "steps": [...]}}.
 
     Both include the SKILL.md body, which loads with the skill."""
-    body = len(skill_body(root))
+    body_text = skill_body(root)
+    body = len(body_text)
     catalog = lk.Catalog(str(root))
+    rows = router_rows(root, body_text)
+    ranker = lk.Ranker([r[0] for r in rows])
     index_cache = {}
     out = {}
     for _, case in cases:
         route, whole, steps = body, body, ["SKILL.md body %d" % body]
+        query = lk.words(case["prompt"])
+        top = [rows[i] for sc, i in sorted((-ranker.score(i, query), i) for i in range(len(rows)))[:3] if sc < 0]
         wanted = [i for i in case.get("expected_ids", []) if catalog.get(i)]
         if wanted:
             text, hits = lk.lookup_text(catalog, [case["prompt"]])
@@ -311,8 +316,15 @@ def reading(root, cases):
             size = help_chars(f) if f.suffix in (".py", ".sh") else len(f.read_text(encoding="utf-8"))
             whole += size
             if not set(entries_in(f)) & set(wanted):
-                route += size
-                steps.append("%s %s %d" % ("--help" if f.suffix in (".py", ".sh") else "read", rel, size))
+                # lookup had nothing for this file: the agent follows a top-3 router row that names it and reads
+                # the section its anchor names; a symptom index leads to no section, so that is the whole file
+                anchors = [a for row in top for tf, a in row_targets(root, row[2])
+                           if tf == f and a and a not in ("index", "symptom-index")]
+                cost, how = size, "--help" if f.suffix in (".py", ".sh") else "read"
+                if anchors and f.suffix == ".md" and section_text(f, anchors[0]) is not None:
+                    cost, how = len(section_text(f, anchors[0])), "router row #" + anchors[0]
+                route += cost
+                steps.append("%s %s %d" % (how, rel, cost))
         out[case["id"]] = {"route": route, "whole_files": whole, "steps": steps}
     return out
 
