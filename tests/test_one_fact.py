@@ -345,3 +345,33 @@ def test_the_verb_check_catches_an_unlisted_form(tmp_path):
     f = tmp_path / "x.md"
     f.write_text("run `runpodctl pods rm $RUNPOD_POD_ID` to clean up\n")
     assert runpodctl_outside_the_table([f]) == ["x.md:1: runpodctl pods rm"]
+
+
+# ---------------------------------------------------------------- vast.ai: a destroy the dead-man runs skips the prompt
+
+DESTROY_STOP = re.compile(r"--stop-cmd[= ]+['\"]?vastai destroy instances?\b(?P<rest>[^'\"`]*)")
+
+
+def unattended_vast_destroys_without_yes(paths):
+    """--stop-cmd 'vastai destroy instance …' lines without -y: the current CLI then asks [y/N], reads EOF with no
+    terminal, prints Aborted. and exits 0 having destroyed nothing."""
+    found = []
+    for path in paths:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in DESTROY_STOP.finditer(line):
+                if not re.search(r"(^|\s)(-y|--yes)\b", m.group("rest")):
+                    found.append("%s:%d" % (path.name, n))
+    return found
+
+
+def test_every_unattended_vast_destroy_passes_yes():
+    assert unattended_vast_destroys_without_yes(doc_files() + list(code_files())) == []
+    body = (REPO / "profiles" / "vastai.md").read_text(encoding="utf-8")
+    assert "recycle instance" in body and "--cancel-unavail" in body
+
+
+def test_the_yes_check_catches_a_prompting_destroy(tmp_path):
+    f = tmp_path / "x.md"
+    f.write_text("arm with --stop-cmd 'vastai destroy instance $CONTAINER_ID' --stop-cmd-destructive\n"
+                 "arm with --stop-cmd 'vastai destroy instance -y $CONTAINER_ID' --stop-cmd-destructive\n")
+    assert unattended_vast_destroys_without_yes([f]) == ["x.md:1"]
