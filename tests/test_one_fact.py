@@ -216,27 +216,13 @@ FACTS = {
 
 
 def doc_units(path):
-    """(unit text) for each paragraph, list item or table row of PATH's body, each folded to one line."""
+    """The paragraphs, list items and table rows of PATH's body, each folded to one line (a profile's
+    frontmatter is the fact's home, so it is left out)."""
+    from test_profile_consistency import body_units
     text = path.read_text(encoding="utf-8")
     if path.parent.name == "profiles" and text.startswith("---\n"):
         text = text.split("\n---\n", 1)[1]
-    units, current, fenced = [], [], False
-    for line in text.splitlines():
-        if re.match(r"^\s*(```|~~~)", line):
-            fenced = not fenced
-            continue
-        if fenced:
-            continue
-        starts = re.match(r"^\s*(?:[-*+]\s|\d+\.\s|\||>|#)", line)
-        if not line.strip() or starts:
-            if current:
-                units.append(" ".join(current))
-            current = [line.strip()] if line.strip() else []
-        else:
-            current.append(line.strip())
-    if current:
-        units.append(" ".join(current))
-    return units
+    return body_units(text)
 
 
 def fact_value(fact):

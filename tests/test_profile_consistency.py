@@ -182,7 +182,7 @@ def body_units(body: str):
     """The body's paragraphs and list items, each folded to one line (table rows are units too)."""
     units, current = [], []
     for line in prose_lines(body):
-        starts = re.match(r"^\s*(?:[-*]|\d+\.|\||>|#)", line)
+        starts = re.match(r"^\s*(?:[-*+]\s|\d+\.\s|\||>|#)", line)  # "**Cause**" continues a paragraph
         if not line.strip() or starts:
             if current:
                 units.append(" ".join(current))
