@@ -207,6 +207,24 @@ FACTS = {
         "only": r"AutoDL|autodl|关机",
         "home": r"\bAD8\b|autodl\.md",
     },
+    "Gpushare /hy-tmp wiped after (h)": {
+        "topic": r"hy-tmp",
+        "patterns": [r"/hy-tmp`?[^|]{0,60}?\b(?P<v>\d+)\s?h\b"],
+        "value": "24",
+    },
+    "AutoDL powered-off instance released after (days)": {
+        "topic": r"AutoDL|autodl|关机",
+        "patterns": [r"(?:powered[- ]off|关机)[^|.]{0,60}?\b(?P<v>\d+) days", r"连续关机(?P<v>\d+)天"],
+        "value": "15",
+        "only": r"AutoDL|autodl|连续关机",
+    },
+    "RunPod stopped volume disk rate (x running)": {
+        "topic": r"volume disk",
+        "patterns": [r"volume disk[^|.]{0,40}?\b(?P<v>\d+(?:\.\d+)?×|\d+(?:\.\d+)?x|twice|three times)"],
+        "value": "2",
+        "same": {"2×": "2", "2x": "2", "twice": "2"},
+        "only": r"RunPod|runpod|Pod",
+    },
     "AutoDL 无卡模式 rate": {
         "topic": r"无卡模式",
         "patterns": [r"无卡模式[^|.]{0,60}?(?P<v>small[^|.;,)]*fee|\d+(?:\.\d+)?\s*元)"],
@@ -251,7 +269,7 @@ def fact_problems(files, facts=FACTS):
                     continue
                 for rx in fact["patterns"]:
                     for m in re.finditer(rx, unit):
-                        said = m.group("v")
+                        said = fact.get("same", {}).get(m.group("v"), m.group("v"))
                         if "field" in fact and type(value) is int and said != str(value):
                             problems.append("%s: %s is %s here but %s in its home: %s" % (rel, key, said, value,
                                                                                          unit[:100]))
@@ -280,6 +298,9 @@ def test_each_provider_fact_is_stated_one_way():
     ("On AutoDL `shutdown` typed inside the instance is the same 关机 as the console button.\n",
      "AutoDL in-instance shutdown"),
     ("AutoDL: 无卡模式 (CPU-only, small hourly fee).\n", "AutoDL 无卡模式 rate stated"),
+    ("On 恒源云 `/hy-tmp` is wiped once off over 48 h.\n", "Gpushare /hy-tmp wiped after (h) is '48'"),
+    ("An AutoDL instance powered off for 30 days is released.\n", "released after (days) is '30'"),
+    ("A stopped RunPod Pod bills its volume disk at 3× the running rate.\n", "rate (x running) is '3×'"),
 ])
 def test_the_fact_check_catches_a_second_statement(tmp_path, planted, expect):
     extra = tmp_path / "planted.md"
