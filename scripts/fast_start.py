@@ -11,6 +11,8 @@ Standard library only; imports nothing of its own.
 """
 import re
 import subprocess
+import threading
+import time
 
 HOST_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._+-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\])$")
 STATUS_SHELL = "sh -s"
@@ -62,6 +64,60 @@ def scan_status(argv):
     return ssh_base(port and int(port), found.get("identity"), found.get("config")) + [words[1], STATUS_SHELL]
 
 
+class AnswerTooLarge(Exception):
+    """The node's answer passed the byte limit its reader set: the call was ended (finding_laptop_L14)."""
+
+
+def collect(proc, stdin, timeout, limit=None):
+    """(stdout, stderr) of PROC once it ends, after writing STDIN to it. Like communicate(), except that at most
+    LIMIT bytes of each stream are kept: past them PROC is killed and AnswerTooLarge raised, so a node that
+    answers without end costs this laptop LIMIT bytes, not its memory. subprocess.TimeoutExpired (PROC killed)
+    after TIMEOUT seconds."""
+    kept, over = {}, []
+
+    def drain(name, stream):
+        chunks, size = [], 0
+        for chunk in iter(lambda: stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16), b""):
+            if limit is not None and size + len(chunk) > limit:
+                over.append(name)
+                proc.kill()
+                continue     # read on to EOF (a killed ssh closes its end), keep nothing more
+            chunks.append(chunk)
+            size += len(chunk)
+        kept[name] = b"".join(chunks)
+
+    def feed():
+        try:
+            if stdin:
+                proc.stdin.write(stdin)
+            proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+    threads = [threading.Thread(target=feed, daemon=True)] if proc.stdin else []
+    threads += [threading.Thread(target=drain, args=(name, stream), daemon=True)
+                for name, stream in (("out", proc.stdout), ("err", proc.stderr)) if stream]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        proc.kill()
+        for t in threads:
+            t.join(5)
+        proc.wait()
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    try:
+        proc.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    if over:
+        raise AnswerTooLarge("the node's answer passed %d bytes" % limit)
+    return kept.get("out", b""), kept.get("err", b"")
+
+
 class Trip(object):
     """One ssh call already connecting: finish() writes its input and waits; abandon() drops it (nothing ran
     on the node: `sh -s` runs only what it is sent)."""
@@ -70,13 +126,10 @@ class Trip(object):
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    def finish(self, stdin, timeout):
-        """CompletedProcess; subprocess.TimeoutExpired (the call killed) after TIMEOUT seconds."""
-        try:
-            out, err = self.proc.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.abandon()
-            raise
+    def finish(self, stdin, timeout, limit=None):
+        """CompletedProcess; subprocess.TimeoutExpired (the call killed) after TIMEOUT seconds; AnswerTooLarge
+        (the call killed) when the answer passes LIMIT bytes."""
+        out, err = collect(self.proc, stdin, timeout, limit)
         return subprocess.CompletedProcess(self.argv, self.proc.returncode, out, err)
 
     def abandon(self):

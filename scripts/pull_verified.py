@@ -758,6 +758,7 @@ def _raise_interrupt(signum, _frame):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    core.guard_output(getattr(args, "json", False))   # file names and reasons come from the node: finding_laptop_L10
     summary = {"ok": False, "status": "failed", "source": args.source, "problems": []}
     try:
         host, root = parse_source(args.source)

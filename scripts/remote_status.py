@@ -10,6 +10,11 @@ disagree on a state.
 Whenever a fact is missing or unsure (an older toolkit on the node, a different toolkit version, a pid the
 shell did not read, busybox tools, a symlinked output), Incomplete is raised and the caller asks
 run_status.py on the node instead: slower, never different.
+
+The node is untrusted input (finding_laptop_L1): a rented box may send any bytes. Only the names
+status_facts.sh itself sends are laid out (NAMES: plain words, no "/" or ".."), each at most once, with sizes,
+mtimes and bodies in range; the files are created with O_EXCL|O_NOFOLLOW inside a fresh private temp dir.
+Anything else is Incomplete, so the node's run_status.py answers instead; nothing is ever written elsewhere.
 """
 import os
 import secrets
@@ -21,6 +26,13 @@ import run_status
 import evidence
 
 LOG = "job.log"
+# Every name status_facts.sh sends (its STATE_FILES, job.log, run.lock, outputs.txt and the run dir itself).
+STATE_FILES = ("run.json", "status.json", "heartbeat.json", "deadman.json", core.DEADMAN_FIRED_FILE, "exit_code",
+               "lease.json")
+NAMES = frozenset(STATE_FILES + (LOG, "run.lock", "outputs.txt", "."))
+MAX_STATE_FILE = 8 << 20       # the node's state files are a few KB; a bigger one is not believed
+MAX_LOG = 1 << 40              # a job.log size past 1 TiB is not believed (its replay is a sparse file)
+MAX_MTIME = 1 << 33            # seconds: year 2242
 
 
 class Incomplete(Exception):
@@ -57,9 +69,32 @@ def sections(raw, mark):
 
 def number(text, kind=float):
     try:
-        return kind(text)
-    except (TypeError, ValueError):
+        value = kind(text)
+    except (TypeError, ValueError, OverflowError):
         raise Incomplete("unreadable fact %r" % (text,))
+    if value != value or value in (float("inf"), float("-inf")):
+        raise Incomplete("unreadable fact %r" % (text,))
+    return value
+
+
+def known_name(name, seen):
+    """NAME when status_facts.sh could have sent it and it was not sent before; else Incomplete."""
+    if name not in NAMES:
+        raise Incomplete("the node sent a file name status_facts.sh never sends: %r" % name[:80])
+    if name in seen:
+        raise Incomplete("the node sent %s twice" % name)
+    return name
+
+
+def stat_fields(name, fields):
+    """(mode, size, mtime, dev) of one stat line, each in the range a real file has; else Incomplete."""
+    mode, size, mtime, dev = (number(fields[0], lambda t: int(t, 16)), number(fields[1], int),
+                              number(fields[2]), number(fields[3], int))
+    kind = mode & 0o170000
+    limit = MAX_LOG if name == LOG else MAX_STATE_FILE
+    if kind not in (0o100000, 0o040000) or not 0 <= size <= limit or not 0 <= mtime <= MAX_MTIME or dev < 0:
+        raise Incomplete("an implausible stat line for %s" % name)
+    return mode, size, mtime, dev
 
 
 class Facts(object):
@@ -78,11 +113,13 @@ class Facts(object):
             if name == "facts":
                 self.lines += body.decode("utf-8", "replace").splitlines()
             elif name == "file":
-                self.files[arg] = body
+                self.files[known_name(arg, self.files)] = body
             elif name == "tail":
                 self.tail = body
             elif name == "attempt":
                 self.attempt = (number(arg, int), body)
+                if not 0 <= self.attempt[0] <= MAX_LOG:
+                    raise Incomplete("an implausible attempt offset %s" % arg[:40])
             elif name == "outputs":
                 self.outputs = body
             elif name == "outputs-rc":
@@ -95,9 +132,8 @@ class Facts(object):
             if key == "stat":
                 fields = value.rsplit(" ", 4)
                 if len(fields) != 5:
-                    raise Incomplete("unreadable stat line %r" % line)
-                self.stat[fields[0]] = (number(fields[1], lambda t: int(t, 16)), number(fields[2], int),
-                                        number(fields[3]), number(fields[4], int))
+                    raise Incomplete("unreadable stat line %r" % line[:120])
+                self.stat[known_name(fields[0], self.stat)] = stat_fields(fields[0], fields[1:])
             elif key == "proc":
                 pid, _, text = value.partition(" ")
                 self.procs[number(pid, int)] = None if text == "-" else text
@@ -199,19 +235,30 @@ class Snapshot(run_status.Here):
         return self.facts.fact.get("version") or None
 
 
+def create(mirror, name):
+    """A new file NAME in MIRROR, opened for writing: never through a link, never over an existing file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.fdopen(os.open(os.path.join(mirror, name), flags, 0o600), "wb")
+
+
 def lay_out(facts, mirror):
-    """Recreate the run dir's files in MIRROR: contents, sizes where they matter (job.log), mtimes."""
+    """Recreate the run dir's files in MIRROR: contents, sizes where they matter (job.log), mtimes. The names
+    are NAMES only (Facts refused any other), so every path is MIRROR/<one plain word>."""
     for name, (mode, size, mtime, _dev) in facts.stat.items():
         if name in (".", "outputs.txt"):
             continue
+        if name not in NAMES or os.sep in name or name in ("..", ""):   # Facts checked; never trust one check
+            raise Incomplete("refused file name %r" % name[:80])
         path = os.path.join(mirror, name)
         if mode & 0o170000 == 0o040000:
-            os.mkdir(path)
+            if name != "run.lock":          # the run's lock is a folder; no state file or log is one
+                raise Incomplete("the node says %s is a folder" % name)
+            os.mkdir(path, 0o700)
         elif name == LOG:
-            with open(path, "wb") as fh:
+            with create(mirror, name) as fh:
                 fh.truncate(size)   # a hole: the parts not sent read as NUL bytes, which match nothing
                 if facts.attempt:
-                    fh.seek(facts.attempt[0])
+                    fh.seek(min(facts.attempt[0], size))
                     fh.write(facts.attempt[1][:max(0, size - facts.attempt[0])])
                 tail = facts.tail or b""
                 fh.seek(max(0, size - len(tail)))
@@ -222,10 +269,10 @@ def lay_out(facts, mirror):
             body = facts.files.get(name, b"")
             if len(body) == size + 1 and body.endswith(b"\n"):
                 body = body[:-1]   # awk ends the last line with a newline the file did not have
-            with open(path, "wb") as fh:
+            with create(mirror, name) as fh:
                 fh.write(body)
         ns = int(round(mtime * 1e9))
-        os.utime(path, ns=(ns, ns))
+        os.utime(path, ns=(ns, ns), follow_symlinks=False)
 
 
 def classify(raw, mark, run_dir, rate_per_hour=None):
@@ -241,7 +288,10 @@ def classify(raw, mark, run_dir, rate_per_hour=None):
                          % (facts.fact.get("version"), core.toolkit_version()))
     mirror = tempfile.mkdtemp(prefix="rgt-status-")
     try:
-        lay_out(facts, mirror)
+        try:
+            lay_out(facts, mirror)
+        except (OSError, ValueError, OverflowError) as exc:   # a laptop disk full, a size the fs refuses
+            raise Incomplete("the facts could not be laid out here: %s" % exc)
         machine = Snapshot(facts, shown)
         try:
             r = run_status.classify(mirror, machine=machine, shown=shown)
@@ -249,6 +299,10 @@ def classify(raw, mark, run_dir, rate_per_hour=None):
                 run_status.add_cost(r, mirror, rate_per_hour, machine.now())
         except core.UsageError as exc:
             raise core.UsageError(str(exc).replace(mirror, shown))
+        except (Incomplete, KeyboardInterrupt):
+            raise
+        except Exception as exc:     # state files no toolkit writes: the node's run_status.py says what it makes of them
+            raise Incomplete("the replay could not read the node's facts (%s)" % type(exc).__name__)
         r["line"] = run_status.one_line(r)
         return r
     finally:

@@ -148,6 +148,11 @@ def remote_command(*argvs, cwd=None):
 ONE_CALL = ("status", "logs", "ack", "launch")   # commands that make exactly one ssh call
 MUX_PERSIST_S = 60      # an idle master outlives a crashed rgt.py by at most this long
 SOCKET_PATH_MAX = 100   # sockaddr_un holds 104-108 bytes; ssh first binds PATH plus 17 characters
+# The most of a node's answer kept in memory (per stream); a node may send without end (finding_laptop_L14).
+ANSWER_MAX = 256 << 20
+STATUS_ANSWER_MAX = 32 << 20    # one run's facts: two 256 KiB log pieces, the state files, the output list
+NODE_JSON_MAX = 8 << 20         # one run_status.py --json object
+AnswerTooLarge = fast_start.AnswerTooLarge
 
 
 class Ssh(object):
@@ -213,11 +218,16 @@ class Ssh(object):
         except FileNotFoundError:
             raise core.UsageError("ssh is not installed on this machine")
 
-    def run(self, command, timeout=600, stdin=None, capture=True):
+    def run(self, command, timeout=600, stdin=None, capture=True, limit=ANSWER_MAX):
+        """CompletedProcess of COMMAND on the node. A captured answer is kept up to LIMIT bytes per stream: past
+        that the call is ended and AnswerTooLarge raised (the node is untrusted input: finding_laptop_L14)."""
         try:
-            return subprocess.run(self.argv(command), input=stdin, timeout=timeout,
-                                  stdout=subprocess.PIPE if capture else None,
-                                  stderr=subprocess.PIPE if capture else None)
+            if not capture:
+                return subprocess.run(self.argv(command), input=stdin, timeout=timeout)
+            proc = subprocess.Popen(self.argv(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+            out, err = fast_start.collect(proc, stdin, timeout, limit)
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
         except FileNotFoundError:
             raise core.UsageError("ssh is not installed on this machine")
         except subprocess.TimeoutExpired:
@@ -226,6 +236,16 @@ class Ssh(object):
 
 def text(raw):
     return (raw or b"").decode("utf-8", "replace")
+
+
+def say(line):
+    """print() for a line that holds words a node sent."""
+    print(core.safe_text(line))
+
+
+def shown(raw):
+    """A node's output as text safe to print: its terminal controls escaped (finding_laptop_L10)."""
+    return core.safe_text(text(raw) if not isinstance(raw, str) else raw)
 
 
 class Unreachable(core.CheckFailed):
@@ -573,9 +593,12 @@ def node_python(args):
                % record_path)
 
 
-def node_json(args, ssh, argv, what, timeout):
+def node_json(args, ssh, argv, what, timeout, limit=ANSWER_MAX):
     """Run a node tool that prints one JSON object -> (result, the object); its stderr shown when it gave none."""
-    res = checked(ssh.run(remote_command(argv), timeout=timeout), what)
+    try:
+        res = checked(ssh.run(remote_command(argv), timeout=timeout, limit=limit), what)
+    except AnswerTooLarge:
+        raise core.CheckFailed("%s: the node's answer passed %d MiB; ended it" % (what, limit >> 20))
     return res, node_doc(args, res, argv)
 
 
@@ -586,7 +609,7 @@ def node_doc(args, res, argv):
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
-        sys.stderr.write(text(res.stderr))
+        sys.stderr.write(shown(res.stderr))
         tool = next(w for w in argv[1:] if not w.startswith("-"))   # past the interpreter's own flags
         raise core.CheckFailed("%s on %s gave no JSON (exit %d)" % (os.path.basename(tool), args.host, res.returncode))
     return doc
@@ -612,8 +635,8 @@ def cmd_probe(args, ssh):
         argv += ["--durable-dir", args.durable_dir]
     argv += args.rest + (["--json"] if args.json and "--json" not in args.rest else [])
     res = checked(ssh.run(remote_command(argv)), "probe")
-    sys.stdout.write(text(res.stdout))
-    sys.stderr.write(text(res.stderr))
+    sys.stdout.write(shown(res.stdout))
+    sys.stderr.write(shown(res.stderr))
     return res.returncode
 
 
@@ -638,6 +661,10 @@ def cmd_launch(args, ssh):
         argv += ["--durable-dir", args.durable_dir]
     argv += options + ["--"] + job
     ledger_writable(ledger_path(args.ledger))   # before the node acts: a launch never runs unrecorded
+    import reap
+    reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
+    if reaper:           # only a launch that names its instance can be reaped
+        sys.stderr.write(reaper + "\n")
     secrets = core.url_secrets(job)
     if secrets:
         sys.stderr.write("WARN %d job argument(s) hold a URL credential (user:password@ or a signed query): the "
@@ -653,8 +680,8 @@ def cmd_launch(args, ssh):
               "teardown": "NOT through the gate: the box may bill until you pull, gate and stop it",
               "node_output": out.strip().splitlines()[-12:], "rc": res.returncode}
     if not args.json:
-        sys.stderr.write(err)
-        sys.stdout.write(out)
+        sys.stderr.write(shown(err))
+        sys.stdout.write(shown(out))
     human = "\n".join(["run id:     %s" % rid, "watch:      %s" % fields["watch"], "ETA:        %s" % fields["eta"],
                        "cost:       %s" % fields["cost_so_far"], "teardown:   %s" % fields["teardown"]]
                       + (["budget:     %s" % budget["note"]] if budget["note"] else []))
@@ -720,6 +747,13 @@ class StatusCall(object):
             return status, rc
 
 
+def lease_fields(status):
+    """The run's lease as status read it, for its ledger row: the reaper (scripts/reap.py) works from the last
+    copy when the box no longer answers."""
+    lease = status.get("lease")
+    return {"lease": lease} if isinstance(lease, dict) else {}
+
+
 def cmd_status(args, ssh):
     rid = check_run_id(args.run_id)
     # The handshake is most of the trip: it starts first and the ledger is read meanwhile. The node's `sh -s`
@@ -731,29 +765,34 @@ def cmd_status(args, ssh):
     except BaseException:
         trip.abandon()
         raise
+    settled = None
     try:
-        res = checked(trip.finish((call.script + "\n").encode(), 120), "status")
+        res = checked(trip.finish((call.script + "\n").encode(), 120, STATUS_ANSWER_MAX), "status")
     except subprocess.TimeoutExpired:
         raise core.CheckFailed("ssh %s timed out after 120 s" % args.host)
-    try:
-        settled = call.settle(res.stdout, res.returncode)
-    except core.CheckFailed:
-        sys.stderr.write(text(res.stderr))
-        raise core.CheckFailed("run_status.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
+    except AnswerTooLarge:
+        res = None           # more than any run's facts: the node's run_status.py answers instead
+    if res is not None:
+        try:
+            settled = call.settle(res.stdout, res.returncode)
+        except core.CheckFailed:
+            sys.stderr.write(core.safe_text(text(res.stderr)))
+            raise core.CheckFailed("run_status.py on %s gave no JSON (exit %d)" % (args.host, res.returncode))
     if settled is None:      # only the node can tell: ask its run_status.py (a second trip)
-        res, status = node_json(args, ssh, call.argv, "status", 120)
+        res, status = node_json(args, ssh, call.argv, "status", 120, NODE_JSON_MAX)
         settled = status, res.returncode
     status, code = settled
     state = status.get("status") or status.get("state")
-    record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"))
+    record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"),
+           **lease_fields(status))
     status["cost_from_ledger"] = spent
     if args.json:
         core.emit_json(status)
     else:
-        print(status.get("line") or "%s %s" % (str(state).upper(), rid))
-        print(status["cost_from_ledger"]["line"])
+        print(core.safe_line(status.get("line") or "%s %s" % (str(state).upper(), rid)))
+        print(core.safe_line(status["cost_from_ledger"]["line"]))
         if status.get("hint"):
-            print("hint: %s" % status["hint"])
+            print("hint: %s" % core.safe_line(status["hint"]))
     return code
 
 
@@ -768,8 +807,8 @@ def cmd_logs(args, ssh):
         core.emit_json({"run_id": rid, "log": args.log, "lines": text(res.stdout).splitlines(),
                         "ok": res.returncode == 0})
     else:
-        sys.stdout.write(text(res.stdout))
-        sys.stderr.write(text(res.stderr))
+        sys.stdout.write(shown(res.stdout))
+        sys.stderr.write(shown(res.stderr))
     return 0 if res.returncode == 0 else 1
 
 
@@ -781,8 +820,8 @@ def cmd_ack(args, ssh):
     res = checked(ssh.run(remote_command(argv), timeout=120), "ack")
     record(args, event="ack", run_id=rid,
                   attempt=ledger_attempt(args, rid), action="disarm" if args.disarm else "postpone %s min" % args.postpone_minutes)
-    sys.stdout.write(text(res.stdout))
-    sys.stderr.write(text(res.stderr))
+    sys.stdout.write(shown(res.stdout))
+    sys.stderr.write(shown(res.stderr))
     return res.returncode
 
 
@@ -811,22 +850,22 @@ def cmd_resume(args, ssh):
     else:
         line = "%s %s: %s" % (core.OK if result.get("ok") else core.FAIL, rid, result.get("action"))
         line += (" (%s)" % result["why"]) if result.get("why") else " as attempt %s" % result.get("attempt")
-        print(line)
+        say(line)
         if result.get("resume_from") and result.get("restored_from"):
             # the job's own copy is torn, empty or gone: say which file the attempt really starts from
-            print("resume:     from %s as put back from its verified durable copy %s (the job's own copy is torn, "
+            say("resume:     from %s as put back from its verified durable copy %s (the job's own copy is torn, "
                   "empty or gone; it is kept aside), adds %s" % (result["resume_from"], result["restored_from"],
                                                                  " ".join(result.get("resume_args") or [])))
         elif result.get("resume_from"):
-            print("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
+            say("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
         if result.get("warning") and result.get("ok"):   # a refusal says why in its one line, not what would run
-            print("WARN %s" % result["warning"])
+            say("WARN %s" % result["warning"])
         lost = result.get("would_supersede")
         if lost and result.get("ok"):
-            print("generation: attempt %s's verified outputs are kept in %s" % (lost.get("attempt"),
+            say("generation: attempt %s's verified outputs are kept in %s" % (lost.get("attempt"),
                                                                              lost.get("kept_as")))
         if result.get("detail"):
-            print("node: %s" % " ".join(result["detail"]))
+            say("node: %s" % " ".join(result["detail"]))
         if result.get("action") == "resumed" and result.get("ok"):
             print("watch:      %s" % again(args, "status", args.host, rid))
     return res.returncode
@@ -840,7 +879,13 @@ BAD_STATES = ("stalled", "failed", "sync_failed", "interrupted", "deadman_fired"
 def patrol_trip(args, ssh, jobs, read):
     """Run each (shell line, call) of JOBS in ONE ssh call -> {rid: read(call, its output, its exit code)}."""
     parts = [line + "; printf '\n%s%%s@@\n' \"$?\"" % PATROL_MARK for line, _call in jobs]
-    res = checked(ssh.run("; ".join(parts), timeout=300), "patrol")
+    limit = min(STATUS_ANSWER_MAX * len(jobs), 4 * STATUS_ANSWER_MAX)
+    try:
+        res = checked(ssh.run("; ".join(parts), timeout=300, limit=limit), "patrol")
+    except AnswerTooLarge:      # each run is then asked again (or reported unknown), never buffered without end
+        return {call.rid: None if read is not read_node_json else
+                ({"status": "unknown", "reason": "the node's answer passed %d MiB" % (limit >> 20)}, None)
+                for _line, call in jobs}
     pieces = re.split(br"\n?" + re.escape(PATROL_MARK.encode()) + br"(\d+)@@\n", res.stdout or b"")
     done = {}
     for index, (_line, call) in enumerate(jobs):
@@ -916,9 +961,9 @@ def cmd_patrol(args, ssh):
             bad, why = True, [st["reason"]]
         escalate = escalate or bad
         results.append({"run_id": rid, "escalate": bad, "why": why, "status": st})
-        lines.append("  " + patrol_line(rid, st) + ("  <- ESCALATE: " + "; ".join(why) if bad else ""))
+        lines.append("  " + core.safe_line(patrol_line(rid, st) + ("  <- ESCALATE: " + "; ".join(why) if bad else "")))
         record(args, event="patrol", run_id=rid, state=st.get("status"),
-                      attempt=st.get("attempt"))
+                      attempt=st.get("attempt"), **lease_fields(st))
     head = "%s patrol %s: %d run(s)%s" % ("ESCALATE" if escalate else core.OK, args.host, len(rids),
                                          "" if escalate else ", nothing needs you")
     if args.json:
@@ -976,8 +1021,8 @@ def cmd_sweep(args, ssh):
         argv += ["--runs-dir", root]
     argv += (["--check-only"] if args.check_only else []) + (["--json"] if args.json else [])
     res = checked(ssh.run(remote_command(argv), timeout=7 * 3600), "sweep")
-    sys.stdout.write(text(res.stdout))
-    sys.stderr.write(text(res.stderr))
+    sys.stdout.write(shown(res.stdout))
+    sys.stderr.write(shown(res.stderr))
     record(args, event="sweep", runs_dirs=roots,
                   state="all saved" if res.returncode == 0 else "sweep exit %d" % res.returncode)
     return res.returncode
@@ -1097,7 +1142,7 @@ Copy the project to the node yourself first (rsync, or git clone there): push sh
 
 
 COMMANDS = ("push", "probe", "launch", "status", "patrol", "logs", "ack", "resume", "pull", "gate", "sweep",
-            "notify", "ledger", "billing")
+            "notify", "ledger", "billing", "reap")
 VALUED_OPTIONS = ("-p", "--port", "-i", "--identity", "--ssh-config", "--node-dir", "--ledger")
 
 
@@ -1226,11 +1271,16 @@ def main(argv=None, early=None):
 
 
 def dispatch(argv, early, used):
+    if command_word(argv) == "reap":      # scripts/reap.py has its own parser: it sees every word but "reap"
+        import reap
+        cut = next(i for i, w in enumerate(argv) if w == "reap")
+        return reap.main(argv[:cut] + argv[cut + 1:])
     rest = []
     if "--" in argv:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1:]
     args = build_parser(command_word(argv)).parse_args(argv)
+    core.guard_output(getattr(args, "json", False))   # node-sent words reach this output: finding_laptop_L10
     args.rest = rest
     if not args.command:
         raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, resume, pull, gate, "
@@ -1265,7 +1315,7 @@ def report(args, fields, human):
     if args.json:
         core.emit_json(fields)
     else:
-        print(human)
+        print(core.safe_text(human))     # node-sent words may be in it; --json keeps them raw
     return 0 if fields.get("ok", True) else 1
 
 

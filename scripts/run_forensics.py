@@ -1396,6 +1396,7 @@ def build_parser():
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    core.guard_output(getattr(args, "json", False))   # metric names and paths come from runs: finding_laptop_L10
     if not args.command:
         raise core.UsageError("give a command: list, diff, curve, plot or steps")
     if getattr(args, "metric", None) is not None and not args.metric.strip():

@@ -316,6 +316,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    core.guard_output(getattr(args, "json", False))   # file names and reasons come from the node: finding_laptop_L10
     try:
         if not args.source.strip():
             raise UsageError("--source is empty")

@@ -42,6 +42,13 @@ DRILLS = {
     "provider 200 that never stops is NOT CONFIRMED": "a provider stand-in that says 200 and never stops: NOT CONFIRMED",
     "wave-3 review findings stay fixed": "every finding of the 2026-12-03 node and laptop red teams and design review "
                                          "stays fixed",
+    # wave 4: the reaper, a backstop off the box
+    "reaper stops a hung box": "a hung box (every process stopped) is stopped from outside by the reaper",
+    "reaper stops at the budget when the dead-man is dead": "the dead-man killed with a budget: reaped at the deadline",
+    "reaper waits out an unreachable box with a fresh lease": "sshd down with a fresh lease: no stop before the "
+                                                              "second TTL, a notification sent",
+    "reaper stops a finished, gate-passed box once": "a terminal, gate-passed run: stopped after the grace; two "
+                                                     "reapers at once stop once",
 }
 
 # Wave-3 drills whose tests other changes are adding (2026-12): reported, not failed.

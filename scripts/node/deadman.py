@@ -356,12 +356,17 @@ class Watcher(object):
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGUSR1, self.on_wake)
         core.make_reserve(self.p(WATCH_RESERVE), 64 << 10)
+        self.oom_protected = core.protect_from_oom()
         self.log("armed on %s: %s" % (self.run_dir, json.dumps(self.cfg, sort_keys=True)))
+        if not self.oom_protected:
+            self.log("NOTE: the OOM killer may still pick this watcher (lowering oom_score_adj needs root); "
+                     "the run's lease lets a reaper off the box notice if it dies")
         while True:
             if self.stop_requested:
                 self.state = "exited"
                 self.log("exiting on signal %d: NOTHING WATCHES THIS NOW" % self.stop_requested)
                 self.write_state()
+                self.renew_lease()
                 return 0
             if not os.path.isdir(self.run_dir):
                 # Someone removed the run on purpose; there is nothing left to record into or guard.
@@ -385,12 +390,16 @@ class Watcher(object):
                 self.state = "disarmed"
                 self.log("disarmed by ACK; exiting without stopping anything")
                 self.write_state()
+                self.renew_lease()
                 return 0
             if verdict and verdict[0] == "stall_run":
                 self.stop_own_job(*verdict[1:])
                 verdict = None
             if verdict:
+                self.state = "firing"
+                self.renew_lease()
                 return self.fire(*verdict)
+            self.renew_lease()
             if self.last_write is None or now - self.last_write >= max(30.0, self.cfg["poll_seconds"]):
                 self.write_state()
             # Sleep in short slices: a handled signal must not wait a whole poll interval. A deadline the
@@ -404,6 +413,9 @@ class Watcher(object):
 
     def stop_own_job(self, detail, job_pid, job_alive):
         """Overridden by the run dead-man; other watchers have no job of their own."""
+
+    def renew_lease(self):
+        """Overridden by the run dead-man: its run's lease (runrec.LEASE); a box watcher has none."""
 
     def before_stop(self, job_pid, job_alive):
         """Overridden by the run dead-man: give a live job its stop signal and time to save."""
@@ -538,6 +550,23 @@ class Deadman(Watcher):
         self.progress_told = set()        # attempts whose first_progress is told (or was, says notified.json)
         self.disk_low = told_record(run_dir, "disk_low")   # which filesystem is low now (a re-arm keeps it)
         self.disk_probe = None            # a statvfs still hanging (a dead network mount): none started meanwhile
+
+    def renew_lease(self):
+        """Renew the run's lease (issue 39): who watches, until when the lease holds, the budget's deadline. A
+        reaper off the box stops the box when this stops being renewed while the provider says it runs."""
+        hours, _fields = self.budget(time.monotonic())
+        deadline = core.utc_iso(self.wall_at(self.armed_mono + hours * 3600)) if hours else None
+        run = core.read_json(self.p("run.json"))
+        doc = {"run_id": run.get("run_id"), "run_dir": self.run_dir, "profile": self.cfg.get("profile"),
+               "box": {"host": socket.gethostname(), "boot_id": core.boot_id()},
+               "renewed_at": round(time.time(), 3),
+               "ttl_s": self.cfg.get("lease_ttl_seconds") or runrec.lease_ttl(self.cfg.get("poll_seconds")),
+               "budget_deadline": deadline,
+               "deadman": {"pid": os.getpid(), "identity": core.process_identity(), "state": self.state,
+                           "oom_protected": getattr(self, "oom_protected", False), "last_evaluation": stamp()}}
+        error = runrec.write_lease(self.run_dir, doc, reserve=self.p(WATCH_RESERVE))
+        if error:
+            self.note("lease not renewed (%s); watching goes on" % error)
 
     def from_wall(self, wall, now):
         """A monotonic instant for a wall time read from a file, no earlier than arming."""
@@ -978,6 +1007,9 @@ WATCH_OPTIONS = [
     ("sync_wait_seconds", "--sync-wait-seconds", "float", 300.0,
      "then wait this long for the supervisor's durable sync to finish (300)"),
     ("poll_seconds", "--poll-seconds", "float+", 30.0, "check interval in seconds (30)"),
+    ("lease_ttl_seconds", "--lease-ttl-seconds", "float?", None,
+     "the run's lease (lease.json, renewed every check) holds this long unrenewed before a reaper off the box "
+     "may act (default three checks, at least 300)"),
     ("dry_run", "--dry-run", "flag", False, "on firing, record what would happen; signal and run nothing"),
     ("repeat_minutes", "--repeat-minutes", "float+", 15.0,
      "after a stop that failed or was not confirmed, repeat the message this often (the gap doubles; at most "

@@ -224,6 +224,7 @@ def main(argv=None):
     parser.add_argument("--jobs", type=core.arg_number(int, 1, 257), default=4, help="parallel hashing (4)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
+    core.guard_output(getattr(args, "json", False))   # run ids and reasons come from the runs: finding_laptop_L10
     args.sync_timeout = 6 * 3600.0
     for root in args.runs_dir:
         if not os.path.isdir(root):

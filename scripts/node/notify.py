@@ -40,6 +40,8 @@ Who sends each event (every run-scoped sender passes the run's own list, run.jso
   stop_not_confirmed            stop_engine.py, then deadman.py repeats it until an ACK (should_repeat)
   idle_stop                     idle_watch.py: it fired on an idle box
   boot_resume                   boot_resume.py: its boot sweep resumed a run or re-armed its dead-man
+  lease_expired, reaped         the laptop's reaper (scripts/reap.py): a lease ran out on an unreachable box;
+                                it stopped a box (or its stop is NOT CONFIRMED) from outside
 A dry-run dead-man tells no one.
 
 Configuration: ONE JSON file on the node, mode 0600, owned by this user (refused otherwise, exit 3),
@@ -97,6 +99,8 @@ BOOT_RESUME = "boot_resume"
 BUDGET_80 = "budget_80"
 BUDGET_100 = "budget_100"
 DISK_LOW = "disk_low"
+LEASE_EXPIRED = "lease_expired"
+REAPED = "reaped"
 TEST = "test"
 
 # event -> (severity, title)
@@ -114,6 +118,8 @@ EVENT_INFO = {
     BUDGET_80: ("warning", "Budget 80% spent"),
     BUDGET_100: ("critical", "Budget spent"),
     DISK_LOW: ("warning", "Disk low"),
+    LEASE_EXPIRED: ("critical", "Box unreachable and its lease ran out"),
+    REAPED: ("critical", "Reaper stopped a box"),
     TEST: ("info", "Test message"),
 }
 EVENTS = tuple(e for e in EVENT_INFO if e != TEST)

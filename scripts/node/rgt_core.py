@@ -21,6 +21,9 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
   die_with_parent                    a Popen preexec_fn: the child gets SIGTERM when we die, even by
                                      SIGKILL (Linux prctl; a no-op elsewhere)
   Parser / run_main / die            one-line errors with one prefix and the exit-code contract
+  protect_from_oom                   a watcher asks the kernel's OOM killer to take anything but itself
+  safe_text / safe_line / guard_output  node- or run-controlled text made harmless for a terminal (controls
+                                     escaped); guard_output wraps a tool's human stdout and stderr with it
   exit_codes_epilog                  the closing 'Exit codes' paragraph of every --help
   help_description                   a docstring as --help text, its 'Exit codes' paragraph left to the epilog
   arg_number                         an argparse type for a bounded finite number (nan/inf refused)
@@ -63,6 +66,54 @@ DEFAULT_DISK_FLOOR_GB = 10.0
 DEFAULTS = {"disk_floor_gb": DEFAULT_DISK_FLOOR_GB, "min_free_inodes": DEFAULT_MIN_FREE_INODES}
 DEFAULT_STALL_MINUTES = 30.0
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
+
+
+# Terminal controls a node, a run or a log may carry: C0 (ESC among them), DEL, C1, and the Unicode marks that
+# reorder or hide text (bidi embeddings and isolates, line/paragraph separators). finding_laptop_L10.
+_UNSAFE_CHARS = "\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+
+
+def safe_text(value, keep="\t\n"):
+    """VALUE as text a terminal shows as it is: each control character except those in KEEP is written as an
+    escape (ESC as \\u001b), so text from a node or a run can neither move the cursor, clear the screen, set the
+    window title nor hide words. For printing only: --json output keeps the raw value."""
+    value = value if isinstance(value, str) else str(value)
+    pattern = _SAFE_PATTERNS.get(keep)
+    if pattern is None:
+        kept = "".join("\\x%02x" % ord(c) for c in keep)
+        pattern = _SAFE_PATTERNS[keep] = re.compile(("(?![%s])" % kept if keep else "") + "[%s]" % _UNSAFE_CHARS)
+    return pattern.sub(lambda m: "\\u%04x" % ord(m.group()), value)   # the JSON spelling: valid in a JSON line too
+
+
+def safe_line(value):
+    """safe_text for a one-line field: newlines and tabs escaped too."""
+    return safe_text(value, keep="")
+
+
+_SAFE_PATTERNS = {}
+
+
+class SafeStream(object):
+    """A text stream that writes safe_text() of whatever it is given: a tool's human output, where any line may
+    quote a node, a run or a log. Everything else is the wrapped stream's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, data):
+        return self._stream.write(safe_text(data))
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def guard_output(json_mode=False):
+    """Route this process's human output (stdout and stderr) through SafeStream; --json output stays raw."""
+    if not json_mode:
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None and not isinstance(stream, SafeStream):
+                setattr(sys, name, SafeStream(stream))
 
 
 INTERPRETER_FILE = ".python"   # the node's real interpreter, recorded by `rgt_core.py --version --record-interpreter`
@@ -519,6 +570,19 @@ HERE = Procs()
 
 def _proc_stat(pid):
     return HERE.stat(pid)
+
+
+def protect_from_oom(score=-1000):
+    """Ask the OOM killer to spare this process (a watcher must outlive the job whose memory ran out): write
+    SCORE to /proc/self/oom_score_adj. True when it took; False where lowering needs privileges this process
+    lacks (CAP_SYS_RESOURCE) or there is no /proc."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("%d\n" % score)
+        with open("/proc/self/oom_score_adj") as fh:
+            return int(fh.read().strip()) == score
+    except (OSError, ValueError):
+        return False
 
 
 def boot_id():

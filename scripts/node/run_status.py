@@ -82,6 +82,7 @@ import time
 import rgt_core as core
 import evidence
 import progress
+import runrec
 from progress import as_int, num
 
 EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "interrupted": 1, "running": 4, "syncing": 4,
@@ -437,7 +438,8 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                      "stop_confirmed": fired.get("confirmed"), "dry_run": fired.get("dry_run"),
                      "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
                      "stale_code": stale_daemon(run_dir, dm, version)},
-         "unwatched": False, "sync": None, "toolkit_version": version, "checked_at": core.utc_iso(now)}
+         "unwatched": False, "sync": None, "toolkit_version": version, "checked_at": core.utc_iso(now),
+         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now)}
     newest = machine.newest_output(run) if same_host else None
     if newest:
         r["newest_output_age_s"], r["newest_output"] = round(max(0.0, now - newest[0]), 1), newest[1]

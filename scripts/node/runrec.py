@@ -37,6 +37,10 @@ OUTPUTS_LIST = "outputs.txt"
 # What the watchers already told about this run (first_progress per attempt, a disk still low), so a re-armed
 # dead-man does not tell it again. Written by the dead-man only; no secret in it.
 NOTIFIED = "notified.json"
+# The run's lease (issue 39): renewed by its dead-man at every tick, read by status and by the laptop's reaper,
+# which stops a box whose lease ran out (a hung box, a killed dead-man) from outside.
+LEASE = "lease.json"
+LEASE_TTL_MIN_S = 300.0
 SCHEMA_VERSION = 1
 
 ACTIVE = ("starting", "running", "stalled", "syncing")
@@ -409,6 +413,30 @@ def owner_of(run_dir, full, mine=None, others=None, windows=None):
         if mtime >= start and (end is None or mtime <= end):
             return "self", "unrecorded"
     return None, None
+
+
+def lease_ttl(poll_seconds):
+    """Seconds a lease holds without renewal: three polls of its dead-man, at least LEASE_TTL_MIN_S."""
+    return max(LEASE_TTL_MIN_S, 3.0 * float(poll_seconds or 0))
+
+
+def write_lease(run_dir, doc, reserve=None):
+    """Renew the lease (atomic, best effort: a full disk never stops the watcher) -> an error text or None."""
+    return core.write_json_best_effort(path(run_dir, LEASE), doc, reserve=reserve)
+
+
+def lease_view(doc, now):
+    """What a reader needs of a lease DOC at wall time NOW: its age, whether it ran out, who renews it; None when
+    DOC is not a lease. Ages come from the node's own clock, so a laptop adds only the time since it read them."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("renewed_at"), (int, float)):
+        return None
+    ttl = doc.get("ttl_s") if isinstance(doc.get("ttl_s"), (int, float)) else LEASE_TTL_MIN_S
+    age = max(0.0, float(now) - float(doc["renewed_at"]))
+    watcher = doc.get("deadman") if isinstance(doc.get("deadman"), dict) else {}
+    return {"renewed_at": core.utc_iso(doc["renewed_at"]), "age_s": round(age, 1), "ttl_s": ttl,
+            "expired": age > ttl, "state": watcher.get("state"), "oom_protected": watcher.get("oom_protected"),
+            "budget_deadline": doc.get("budget_deadline"), "boot_id": (doc.get("box") or {}).get("boot_id")
+            if isinstance(doc.get("box"), dict) else None}
 
 
 def now_iso():

@@ -16,7 +16,8 @@
 #   facts     lines: dir PATH | now S.N | stat NAME MODE SIZE MTIME DEV | disk FRSIZE BAVAIL BLOCKS FFREE FILES
 #             | host NAME | boot ID | btime S | proc PID /proc-line-or-"-" | version V (VERSION.json)
 #             | nodir [exists]
-#   file NAME          run.json, status.json, heartbeat.json, deadman.json, DEADMAN_FIRED.json, exit_code
+#   file NAME          run.json, status.json, heartbeat.json, deadman.json, DEADMAN_FIRED.json, exit_code,
+#                      lease.json
 #   tail               job.log's last TAIL bytes
 #   attempt OFFSET     a resumed attempt's part of job.log from byte OFFSET (the newline before its start note)
 #   outputs            find's "TYPE MTIME PATH" lines for the run's output globs (a superset of their matches)
@@ -33,7 +34,7 @@ node_dir=$2 mark=$3
 case $node_dir in /*) ;; *) node_dir=$PWD/$node_dir ;; esac
 TAIL=262144                 # progress.log_progress reads this much of job.log's end
 SCAN=67108864               # progress.attempt_steps looks this far back for the attempt's start
-STATE_FILES="run.json status.json heartbeat.json deadman.json DEADMAN_FIRED.json exit_code"
+STATE_FILES="run.json status.json heartbeat.json deadman.json DEADMAN_FIRED.json exit_code lease.json"
 
 section() { printf '\n@@%s %s\n' "$mark" "$*"; }
 
