@@ -246,7 +246,6 @@ def doc_units(path):
 def fact_value(fact):
     if "field" not in fact:
         return fact["value"], False
-    sys.path.insert(0, str(REPO / "tests"))
     from test_profile_consistency import resolve_field, split_profile
     pid, field = fact["field"]
     fm, _ = split_profile((REPO / "profiles" / (pid + ".md")).read_text(encoding="utf-8"))
