@@ -3,8 +3,9 @@
 
 Every catalog under references/ and profiles/ holds entries (`### U16 — title`, then Symptom, Cause,
 Fix, Check); references also carry a symptom index (what the user sees -> entry). This script searches
-those indexes and the entries' titles and Symptom lines, and prints the best entry in full with the
-runners-up listed one line each, so an agent reads one 1-2 KB entry, not a 15-25 KB file.
+those indexes and the entries' titles and Symptom lines, and prints the best entry in full, then a
+`Related:` line (the entries it names and the entries that name it) and the runners-up one line each,
+so an agent reads one 1-2 KB entry, not a 15-25 KB file. Run it before opening any file.
 
 Usage:
   python3 scripts/lookup.py U16                        # one entry by ID (several: U16 M2 RP1)
@@ -42,6 +43,8 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 INDEX_HEADING = re.compile(r"^#{2,3}\s+symptom index\b", re.I)
 LINK_ID = re.compile(r"\[[^\]]*?\b([A-Z]{1,3}\d+)\b[^\]]*\]\(([^)\s]*)\)")
 RUNNERS_UP = 4
+RELATED_MAX = 6
+BARE_ID = re.compile(r"(?<![\w#/-])([A-Z]{1,3}\d+)\b")
 
 # ---------------------------------------------------------------- words (shared with evals/run_evals.py)
 
@@ -241,6 +244,7 @@ class Catalog(object):
         self.entries = {}   # id -> dict(id, file, title, text)
         self.order = []
         extra = {}          # id -> symptom-index words that point at it (from any file)
+        together = {}       # id -> the other ids one symptom-index row names with it
         files = catalog_files(root)
         for path in files:
             lines = read_lines(path)
@@ -251,6 +255,17 @@ class Catalog(object):
             for symptom, ids, _ in index_rows(lines):
                 for eid in ids:
                     extra.setdefault(eid, []).append(symptom)
+                    together.setdefault(eid, []).extend(i for i in ids if i != eid)
+        for eid in self.order:  # the entries each one names, then the entries that name it
+            e = self.entries[eid]
+            body = e["text"].split("\n", 1)[1] if "\n" in e["text"] else ""
+            named = BARE_ID.findall(body) + together.get(eid, [])
+            e["refs"] = [r for r in dict.fromkeys(named) if r in self.entries and r != eid]
+        for eid in self.order:
+            for ref in self.entries[eid]["refs"]:
+                back = self.entries[ref].setdefault("backrefs", [])
+                if eid not in back:
+                    back.append(eid)
         self.searchable = [e for e in self.order if only is None or self.entries[e]["file"] in only]
         docs = []
         for eid in self.searchable:
@@ -280,10 +295,24 @@ class Catalog(object):
         return scored[:limit]
 
 
+def related(e):
+    """The IDs an entry names, then those that name it, at most RELATED_MAX."""
+    ids = list(dict.fromkeys(e.get("refs", []) + e.get("backrefs", [])))[:RELATED_MAX]
+    return ids
+
+
+def render_entry(e):
+    text = "%s  (%s)\n%s" % (e["id"], e["file"], e["text"])
+    ids = related(e)
+    if ids:
+        text = text.rstrip("\n") + "\nRelated: %s\n" % " ".join(ids)
+    return text
+
+
 def render_hits(hits, top):
     out = []
     for score, e in hits[:top]:
-        out.append("%s  (%s)\n%s" % (e["id"], e["file"], e["text"]))
+        out.append(render_entry(e))
     rest = hits[top:top + RUNNERS_UP]
     if rest:
         out.append("Also matching (print one with: lookup.py ID):\n" + "\n".join(
@@ -296,7 +325,7 @@ def lookup_text(catalog, queries, top=1):
     ids = [q for q in queries if ID_ONLY.match(q)]
     if ids and len(ids) == len(queries):
         found = [(0.0, catalog.get(q)) for q in ids if catalog.get(q)]
-        return "\n".join("%s  (%s)\n%s" % (e["id"], e["file"], e["text"]) for _, e in found), found
+        return "\n".join(render_entry(e) for _, e in found), found
     hits = catalog.search(" ".join(queries), limit=top + RUNNERS_UP)
     return render_hits(hits, top), hits
 
@@ -346,7 +375,7 @@ def main(argv=None):
     text, hits = lookup_text(catalog, args.query, args.top)
     if args.json:
         core.emit_json([{"id": e["id"], "file": e["file"], "title": e["title"], "score": round(s, 3),
-                         "text": e["text"]} for s, e in hits])
+                         "text": e["text"], "related": related(e)} for s, e in hits])
     elif text:
         sys.stdout.write(text.rstrip("\n") + "\n")
     if not hits:

@@ -1165,6 +1165,9 @@ RUN_ONE_ARGS (bash scripts/node/run_one.sh --help has them all): --output GLOB (
 adapters --resume-glob 'out/ckpt.pt' --resume-arg '--init_from=resume' (a {} in it becomes the checkpoint
 path) and --progress-regex 'iter (?P<step>\\d+):', so `rgt.py resume` continues from the newest checkpoint.
 A trainer that prints no total: add --total-steps N, so status shows step/N and an ETA.
+The dead-man runs the profile's METER_STOP_CMD; give it your own stop with --deadman-arg, one argument each:
+  --deadman-arg --stop-cmd --deadman-arg 'CMD'   (a stop that destroys data adds --deadman-arg
+  --stop-cmd-destructive --deadman-arg --allow-destructive; it then fires only after a verified sync)
 Copy the project to the node yourself first (rsync, or git clone there): push ships only the toolkit."""
 
 

@@ -11,7 +11,7 @@ import yaml
 
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", "node_modules", ".hypothesis"}
 ALLOWED_KEYS = {"name", "description", "license", "compatibility", "metadata", "allowed-tools"}
-BODY_MAX_CHARS = 12_000
+BODY_MAX_CHARS = 8_000
 BODY_MAX_LINES = 300
 ENTRY_HEADING = re.compile(r"^###\s+([A-Z]{1,3}\d+)\s+—\s+\S")
 ENTRY_PARTS = ("**Symptom**", "**Cause**", "**Fix**", "**Check**")

@@ -123,14 +123,28 @@ def test_tier1_passes_every_check(report):
     assert [c for c in report["checks"] if not c["ok"]] == []
 
 
-def test_routing_floors_hold_counted_directly(report):
-    assert report["routing"]["top1"] >= 0.60, report["routing"]["missed_top1"]
-    assert report["routing"]["top3"] >= 0.85, report["routing"]["missed_top3"]
+def test_routing_floors_hold_lookup_first(report):
+    """Lookup first, as SKILL.md says: the prompt's words through lookup.py, the router for cases without entries."""
+    assert report["routing"]["top1"] >= 0.80, report["routing"]["missed_top1"]
+    assert report["routing"]["top3"] >= 0.88, report["routing"]["missed_top3"]
+
+
+def test_router_alone_still_routes(report):
+    """The router is the fallback now; it must still find most cases on its own."""
+    assert report["router"]["top1"] >= 0.45, report["router"]["missed_top1"]
+    assert report["router"]["top3"] >= 0.65, report["router"]["missed_top3"]
+
+
+def test_skill_md_tells_the_agent_to_look_up_first():
+    body = rv.skill_body(REPO)
+    first = body.index("lookup.py")
+    assert first < body.index("## Rules") and first < body.index("## Router")
+    assert 'lookup.py "<the user\'s words>"' in body and "before opening any file" in body.lower()
 
 
 def test_reading_budget_median_and_p90(report):
     rd = report["reading"]
-    assert rd["median"] <= 12000
+    assert rd["median"] <= 9000 and rd["p90"] <= 16000
     assert rd["p90"] >= rd["median"] > rd["skill_body"]  # the body is always read; something beyond it too
     assert rd["whole_files_median"] > rd["median"]        # the lookup route is the cheaper one
 
@@ -149,7 +163,7 @@ def test_cli_prints_the_summary_line_and_exits_by_result():
     assert re.fullmatch(r"\d+ passed, 0 failed", res.stdout.strip().splitlines()[-1])
     res = subprocess.run([sys.executable, str(RUN_EVALS), "--top3", "1"], capture_output=True, text=True,
                          timeout=300)
-    assert res.returncode == 1 and "FAIL routing top-3" in res.stdout
+    assert res.returncode == 1 and "FAIL routing (lookup first) top-3" in res.stdout
     assert re.fullmatch(r"\d+ passed, 1 failed", res.stdout.strip().splitlines()[-1])
 
 
@@ -168,7 +182,9 @@ def test_routing_check_fails_without_the_router():
     body = rv.skill_body(REPO)
     gutted = body[: body.index("## Router")] + body[body.index("## Platforms"):]
     top1, top3 = rv.route_rates(rv.route_ranks(REPO, load_cases(), gutted))
-    assert top1 < 0.60 and top3 < 0.85
+    assert top1 < 0.45 and top3 < 0.65
+    top1, top3 = rv.route_rates(rv.lookup_first_ranks(REPO, load_cases(), gutted))
+    assert top3 < 0.88  # the cases without entries need the router
 
 
 def test_routing_gives_no_credit_for_a_file_one_link_away(tmp_path):
@@ -192,14 +208,15 @@ def test_reading_budget_fails_when_the_skill_body_grows(tmp_path):
     text = (REPO / "SKILL.md").read_text(encoding="utf-8")
     (root / "SKILL.md").write_text(text + "\n" + "padding the hub until it is a manual. " * 60, encoding="utf-8")
     rep = rv.evaluate(root)
-    assert rep["reading"]["median"] > 12000
+    assert rep["reading"]["median"] > 9000
     assert any(c["name"].startswith("reading median") and not c["ok"] for c in rep["checks"])
 
 
 def test_reading_as_an_agent_reads_holds_its_ceiling(report):
-    ag = report["reading"]["agent"]
-    assert ag["median"] <= 15000
+    ag, ro = report["reading"]["agent"], report["reading"]["router"]
+    assert ag["median"] <= 9000 and ag["p90"] <= 16000
     assert ag["median"] > report["reading"]["skill_body"]
+    assert ro["median"] <= 15000  # following the router alone, the fallback
 
 
 def test_every_router_row_names_an_entry_point():
@@ -220,8 +237,8 @@ def test_agent_reading_rises_when_rows_name_whole_files(tmp_path):
     text = (REPO / "SKILL.md").read_text(encoding="utf-8").replace("#index)", ")")
     (root / "SKILL.md").write_text(text, encoding="utf-8")
     rep = rv.evaluate(root)
-    assert rep["reading"]["agent"]["median"] > 15000
-    assert any(c["name"].startswith("reading as an agent reads") and not c["ok"] for c in rep["checks"])
+    assert rep["reading"]["router"]["median"] > 15000
+    assert any(c["name"].startswith("reading by the router alone") and not c["ok"] for c in rep["checks"])
 
 
 def test_trigger_check_tells_should_from_should_not():

@@ -47,3 +47,19 @@ def test_finding_laptop_15_lookup_finds_an_entry_for_the_term(term):
 
 def test_a_term_no_catalog_holds_finds_nothing():
     assert lk.Catalog(str(REPO)).search("蓝鲸潜水艇") == []
+
+
+def test_lookup_prints_the_ids_of_related_entries():
+    """An entry's `Related:` line names the entries it cites and the entries citing it (issue 40)."""
+    res = subprocess.run([sys.executable, str(SCRIPTS / "lookup.py"), "LA1"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    last = res.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("Related: ") and "GS2" in last.split()  # GS2 links LA1
+    res = subprocess.run([sys.executable, str(SCRIPTS / "lookup.py"), "GS2"], capture_output=True, text=True,
+                         timeout=60)
+    assert "LA1" in res.stdout.rstrip().splitlines()[-1].split()
+    import json
+    res = subprocess.run([sys.executable, str(SCRIPTS / "lookup.py"), "--json", "LA1"], capture_output=True,
+                         text=True, timeout=60)
+    assert "GS2" in json.loads(res.stdout)[0]["related"]

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import NODE, REPO, SCRIPTS
 
 # ---------------------------------------------------------------- the disk floor
@@ -159,3 +161,223 @@ def test_the_recipe_does_what_it_says(tmp_path):
         raise AssertionError("the failed save did not raise")
     assert target.read_bytes() == b"generation 1"
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt"]
+
+
+# ---------------------------------------------------------------- provider facts (issue 40)
+# One home per provider fact. Each FACT names the statement (regexes whose group `v` is the value stated), where
+# its value lives (a profile field, or a literal for a fact whose home is a reference table) and, when the
+# data flags it as uncertain, what a statement elsewhere must carry: a hedge word or a link to the home.
+# The check reads every paragraph, list item and table row of SKILL.md, README.md, references/ and profiles/
+# (the frontmatter is the home itself, so it is not read) and reports each statement that disagrees.
+
+OTHER_PLATFORMS = r"AWS|GCP|Azure|GKE|vast|Kubernetes|Slurm|Lambda|Paperspace|AutoDL"
+HEDGE_WORDS = re.compile(r"unconfirmed|unverified|not confirmed|reported|removed|disputed|last documented", re.I)
+FACTS = {
+    "runpod spot grace (s)": {
+        "topic": r"SIGKILL|SIGTERM|grace|warning window|reclaim|spot",
+        "patterns": [r"RunPod(?:(?!%s).){0,90}?\b(?P<v>\d+)\s?s\b" % OTHER_PLATFORMS,
+                     r"\b(?P<v>\d+)\s?s\b[^|]{0,12}RunPod"],
+        "field": ("runpod", "interruption.grace_seconds"),
+        "home": r"runpod\.md|\bRP\d",
+    },
+    "GKE non-system pod grace (s)": {
+        "topic": r"GKE",
+        "patterns": [r"(?P<v>\d+)\s?s of (?:the node's |a |the )?30\s?s",
+                     r"GKE[^|]{0,60}?(?:window|grace|caps?)[^|]{0,40}?\((?P<v>\d+)\s?s"],
+        "value": "15",
+    },
+    "RunPod network-volume billing interval": {
+        "topic": r"bill|charge",
+        "patterns": [r"[Nn]etwork volumes?(?: storage)?[^.|]{0,40}?\b(?P<v>hourly|per[- ]second|disputed)\b"],
+        "value": "hourly",
+        "only": r"RunPod|runpod",
+    },
+    "Lambda OS shutdown ends billing": {
+        "topic": r"shutdown",
+        "patterns": [r"(?P<v>shutdown)[^|]{0,80}?(?:bill|meter|stops nothing)"],
+        "field": ("lambda", "billing.os_shutdown_stops_billing"),
+        "only": r"Lambda|lambda",
+        "home": r"\bLA1\b|lambda\.md#la1",
+    },
+    "AutoDL in-instance shutdown is 关机": {
+        "topic": r"shutdown",
+        "patterns": [r"`(?P<v>shutdown)`[^|.]{0,60}?(?:same 关机|act as 关机|powers (?:the instance )?off|"
+                     r"stop (?:its own |the )?meter|inside the instance)"],
+        "field": ("autodl", "billing.meter_stop_action"),
+        "only": r"AutoDL|autodl|关机",
+        "home": r"\bAD8\b|autodl\.md",
+    },
+    "Gpushare /hy-tmp wiped after (h)": {
+        "topic": r"hy-tmp",
+        "patterns": [r"/hy-tmp`?[^|]{0,60}?\b(?P<v>\d+)\s?h\b"],
+        "value": "24",
+    },
+    "AutoDL powered-off instance released after (days)": {
+        "topic": r"AutoDL|autodl|关机",
+        "patterns": [r"(?:powered[- ]off|关机)[^|.]{0,60}?\b(?P<v>\d+) days", r"连续关机(?P<v>\d+)天"],
+        "value": "15",
+        "only": r"AutoDL|autodl|连续关机",
+    },
+    "RunPod stopped volume disk rate (x running)": {
+        "topic": r"volume disk",
+        "patterns": [r"volume disk[^|.]{0,40}?\b(?P<v>\d+(?:\.\d+)?×|\d+(?:\.\d+)?x|twice|three times)"],
+        "value": "2",
+        "same": {"2×": "2", "2x": "2", "twice": "2"},
+        "only": r"RunPod|runpod|Pod",
+    },
+    "AutoDL 无卡模式 rate": {
+        "topic": r"无卡模式",
+        "patterns": [r"无卡模式[^|.]{0,60}?(?P<v>small[^|.;,)]*fee|\d+(?:\.\d+)?\s*元)"],
+        "value": None,  # no amount is verified: stating one anywhere is a second, unsourced fact
+    },
+}
+
+
+def doc_units(path):
+    """The paragraphs, list items and table rows of PATH's body, each folded to one line (a profile's
+    frontmatter is the fact's home, so it is left out)."""
+    from test_profile_consistency import body_units
+    text = path.read_text(encoding="utf-8")
+    if path.parent.name == "profiles" and text.startswith("---\n"):
+        text = text.split("\n---\n", 1)[1]
+    return body_units(text)
+
+
+def fact_value(fact):
+    if "field" not in fact:
+        return fact["value"], False
+    from test_profile_consistency import resolve_field, split_profile
+    pid, field = fact["field"]
+    fm, _ = split_profile((REPO / "profiles" / (pid + ".md")).read_text(encoding="utf-8"))
+    _found, value, _ = resolve_field(fm, field)
+    uncertain = field in {e["field"] for e in fm.get("uncertain") or []}
+    return value, uncertain
+
+
+def fact_problems(files, facts=FACTS):
+    """['file: fact: what is wrong'] for each statement that disagrees with the fact's one home."""
+    problems = []
+    for key, fact in facts.items():
+        value, uncertain = fact_value(fact)
+        for path in files:
+            rel = path.relative_to(REPO).as_posix() if REPO in path.parents else path.name
+            owner = "field" in fact and path.name == fact["field"][0] + ".md"
+            for unit in doc_units(path):
+                if not re.search(fact["topic"], unit) or ("only" in fact and not owner
+                                                          and not re.search(fact["only"], unit)):
+                    continue
+                for rx in fact["patterns"]:
+                    for m in re.finditer(rx, unit):
+                        said = fact.get("same", {}).get(m.group("v"), m.group("v"))
+                        if "field" in fact and type(value) is int and said != str(value):
+                            problems.append("%s: %s is %s here but %s in its home: %s" % (rel, key, said, value,
+                                                                                         unit[:100]))
+                        elif "value" in fact and fact["value"] is None:
+                            problems.append("%s: %s stated (%r) but unverified in its home" % (rel, key, said))
+                        elif "value" in fact and said != fact["value"]:
+                            problems.append("%s: %s is %r here, %r in its home: %s" % (rel, key, said,
+                                                                                      fact["value"], unit[:100]))
+                        elif uncertain and not HEDGE_WORDS.search(unit) and not re.search(fact["home"], unit):
+                            problems.append("%s: %s is uncertain in its home but stated flatly here (hedge it or "
+                                            "link the home): %s" % (rel, key, unit[:100]))
+    return problems
+
+
+def test_each_provider_fact_is_stated_one_way():
+    assert fact_problems(doc_files()) == []
+
+
+@pytest.mark.parametrize("planted, expect", [
+    ("### U87 — x\n\nOn GKE Spot nodes the node-level window (30 s, extendable to 120 s) caps it anyway.\n",
+     "GKE non-system pod grace (s) is '30'"),
+    ("The warning window is 2 min on AWS, about 5 s on RunPod and zero on vast.ai.\n", "stated flatly"),
+    ("| RunPod Spot | SIGTERM, then SIGKILL | 8 s | flag |\n", "runpod spot grace (s) is 8"),
+    ("RunPod network volumes are disputed (hourly or per second) in billing.\n", "'disputed' here"),
+    ("On Lambda Cloud a `shutdown` stops nothing; billing goes on.\n", "Lambda OS shutdown ends billing"),
+    ("On AutoDL `shutdown` typed inside the instance is the same 关机 as the console button.\n",
+     "AutoDL in-instance shutdown"),
+    ("AutoDL: 无卡模式 (CPU-only, small hourly fee).\n", "AutoDL 无卡模式 rate stated"),
+    ("On 恒源云 `/hy-tmp` is wiped once off over 48 h.\n", "Gpushare /hy-tmp wiped after (h) is '48'"),
+    ("An AutoDL instance powered off for 30 days is released.\n", "released after (days) is '30'"),
+    ("A stopped RunPod Pod bills its volume disk at 3× the running rate.\n", "rate (x running) is '3×'"),
+])
+def test_the_fact_check_catches_a_second_statement(tmp_path, planted, expect):
+    extra = tmp_path / "planted.md"
+    extra.write_text("# planted\n\n" + planted, encoding="utf-8")
+    problems = fact_problems([extra])
+    assert any(expect in p for p in problems), problems
+
+
+# ---------------------------------------------------------------- runpodctl verbs: one table, aliases named
+
+VERB_ROW = re.compile(r"`runpodctl ((?:pod |stop |remove |start )[a-z]+)[^`]*`")
+LIFECYCLE = re.compile(r"runpodctl\s+((?:pod|pods)\s+(?:stop|delete|rm|remove|start)|(?:stop|remove|start)\s+pods?)\b")
+
+
+def runpod_verb_table():
+    text = (REPO / "profiles" / "runpod.md").read_text(encoding="utf-8")
+    rows = [l for l in text.splitlines() if l.startswith("| `runpodctl") or l.startswith("| — | `runpodctl")]
+    verbs = set()
+    for row in rows:
+        verbs.update(VERB_ROW.findall(row))
+        verbs.update("pod " + a for a in re.findall(r"`pod (rm|remove)`", row))
+    return verbs, rows
+
+
+def test_runpod_verb_table_names_every_terminate_alias():
+    verbs, rows = runpod_verb_table()
+    assert {"pod delete", "pod rm", "pod remove", "remove pod", "pod stop", "stop pod"} <= verbs
+    terminate = [r for r in rows if "pod delete" in r]
+    assert terminate and "terminate" in terminate[0] and "`pod rm`" in terminate[0]
+
+
+def runpodctl_outside_the_table(paths):
+    verbs, _ = runpod_verb_table()
+    found = []
+    for path in paths:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for verb in LIFECYCLE.findall(line):
+                if " ".join(verb.split()) not in verbs:
+                    found.append("%s:%d: runpodctl %s" % (path.name, n, verb))
+    return found
+
+
+def test_every_runpodctl_lifecycle_verb_is_in_the_profile_table():
+    paths = doc_files() + [p for p in code_files()]
+    assert runpodctl_outside_the_table(paths) == []
+
+
+def test_the_verb_check_catches_an_unlisted_form(tmp_path):
+    f = tmp_path / "x.md"
+    f.write_text("run `runpodctl pods rm $RUNPOD_POD_ID` to clean up\n")
+    assert runpodctl_outside_the_table([f]) == ["x.md:1: runpodctl pods rm"]
+
+
+# ---------------------------------------------------------------- vast.ai: a destroy the dead-man runs skips the prompt
+
+DESTROY_STOP = re.compile(r"--stop-cmd[= ]+['\"]?vastai destroy instances?\b(?P<rest>[^'\"`]*)")
+
+
+def unattended_vast_destroys_without_yes(paths):
+    """--stop-cmd 'vastai destroy instance …' lines without -y: the current CLI then asks [y/N], reads EOF with no
+    terminal, prints Aborted. and exits 0 having destroyed nothing."""
+    found = []
+    for path in paths:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in DESTROY_STOP.finditer(line):
+                if not re.search(r"(^|\s)(-y|--yes)\b", m.group("rest")):
+                    found.append("%s:%d" % (path.name, n))
+    return found
+
+
+def test_every_unattended_vast_destroy_passes_yes():
+    assert unattended_vast_destroys_without_yes(doc_files() + list(code_files())) == []
+    body = (REPO / "profiles" / "vastai.md").read_text(encoding="utf-8")
+    assert "recycle instance" in body and "--cancel-unavail" in body
+
+
+def test_the_yes_check_catches_a_prompting_destroy(tmp_path):
+    f = tmp_path / "x.md"
+    f.write_text("arm with --stop-cmd 'vastai destroy instance $CONTAINER_ID' --stop-cmd-destructive\n"
+                 "arm with --stop-cmd 'vastai destroy instance -y $CONTAINER_ID' --stop-cmd-destructive\n")
+    assert unattended_vast_destroys_without_yes([f]) == ["x.md:1"]

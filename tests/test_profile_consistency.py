@@ -43,6 +43,7 @@ DISAGREE = re.compile(r"\b(disagree\w*|contradict\w*|conflict\w*)\b", re.I)
 BILLING_WORDS = re.compile(r"bill|charge|granularit|per second|hourly|per hour|per minute", re.I)
 INLINE = re.compile(r"`([A-Za-z_]+): ([^`]+)`")
 RUNS_DIR = re.compile(r"boot_resume\.py\s+--runs-dir\s+(\S+)")
+SELF_HEDGE = re.compile(r"\b(unconfirmed|unverified|disputed|not confirmed)\b")  # "NOT CONFIRMED" is a state name
 BODY_HEDGE = re.compile(r"\b(unconfirmed|unverified|not confirmed|reported|partial|removed (?:all|every) spot)\b", re.I)
 # field -> the words a body uses when it states that fact (storage fields are matched by the tier's path too)
 HEDGED_FACTS = {
@@ -182,7 +183,7 @@ def body_units(body: str):
     """The body's paragraphs and list items, each folded to one line (table rows are units too)."""
     units, current = [], []
     for line in prose_lines(body):
-        starts = re.match(r"^\s*(?:[-*]|\d+\.|\||>|#)", line)
+        starts = re.match(r"^\s*(?:[-*+]\s|\d+\.\s|\||>|#)", line)  # "**Cause**" continues a paragraph
         if not line.strip() or starts:
             if current:
                 units.append(" ".join(current))
@@ -289,6 +290,14 @@ def check_profile(path: Path) -> list:
         if isinstance(value, str) and re.search(r"disputed|see uncertain", value, re.I) \
                 and f"billing.{key}" not in listed:
             problems.append(f"{name}: billing.{key} calls itself disputed but is not listed under uncertain")
+    # a value that hedges itself is in the list too, so the doubt has a note and a month (issue 40)
+    for block in ("billing", "interruption", "network", "defaults"):
+        for key, value in (fm.get(block) or {}).items():
+            if key == "notes" or f"{block}.{key}" in listed or not isinstance(value, str):
+                continue
+            if SELF_HEDGE.search(value):
+                problems.append(f"{name}: {block}.{key} says it is {SELF_HEDGE.search(value).group(0)} but is "
+                                "not listed under uncertain")
     teardown = " ".join(section(body, 5).split())
     for sentence in re.split(r"(?<=[.!?])\s+", teardown):
         if DISAGREE.search(sentence) and BILLING_WORDS.search(sentence) \
@@ -399,9 +408,12 @@ def test_tier_missing_from_table_is_caught(tmp_path):
 
 
 def test_disputed_billing_without_uncertain_is_caught(tmp_path):
-    # RunPod §5 says the sources disagree on network-volume billing; dropping the data's uncertainty must fail.
+    # A §5 that says the sources disagree on billing, with the data's uncertainty dropped, must fail.
     def edit(text):
-        return re.sub(r"^uncertain:\n(?:  .*\n)+", "", text, count=1, flags=re.M)
+        text = re.sub(r"^uncertain:\n(?:  .*\n)+", "uncertain: []\n", text, count=1, flags=re.M)
+        return text.replace("- **Meter stop = terminate.**",
+                            "- Network volumes: the pricing and billing pages disagree on how often they bill.\n"
+                            "- **Meter stop = terminate.**", 1)
     problems = check_profile(planted(tmp_path, "runpod", edit))
     assert any("§5 says the sources disagree" in p for p in problems), problems
     assert any("billing.granularity calls itself disputed" in p for p in problems), problems
@@ -494,3 +506,11 @@ def test_an_uncertain_boolean_needs_a_hedging_note(tmp_path):
     problems = check_profile(planted(tmp_path, "runpod", edit))
     assert any("interruption.signal is listed as uncertain" in p for p in problems), problems
 
+
+
+def test_a_value_that_hedges_itself_must_be_listed(tmp_path):
+    # AutoDL's expanded-disk billing says "unconfirmed" in its value; dropping its entry must fail (issue 40).
+    def edit(text):
+        return re.sub(r"^  - field: billing\.keeps_billing_when_paused\n(?:    .*\n)+", "", text, flags=re.M)
+    problems = check_profile(planted(tmp_path, "autodl", edit))
+    assert any("billing.keeps_billing_when_paused says it is unconfirmed" in p for p in problems), problems

@@ -171,6 +171,7 @@ BREAKS = {
     "source is not a URL": (lambda d: d["sources"].__setitem__(0, "docs.example.com/billing"), "sources.0"),
     "platform id pattern": (lambda d: d.__setitem__("platform", "Local_Box"), "platform"),
     "missing required field": (lambda d: d["billing"].pop("meter_stop_action"), "billing"),
+    "no uncertain list": (lambda d: d.pop("uncertain"), ""),
     "table cell over 90 chars": (lambda d: d["billing"].__setitem__("keeps_billing_when_paused", "x" * 91),
                                  "billing.keeps_billing_when_paused"),
     "shutdown flag not bool/unknown": (lambda d: d["billing"].__setitem__("os_shutdown_stops_billing", "maybe"),
@@ -371,8 +372,8 @@ def test_table_rows_local_first_then_alphabetical(tmp_path):
             assert row.startswith(f"| [{index[pid]['title']}](profiles/{pid}.md) |")
             assert (root / "profiles" / f"{pid}.md").is_file()
         header = block.strip().splitlines()[0]
-        if name == "SKILL.md":  # the hub's budget: the stop and what keeps billing; the rest is one hop away
-            assert header == "| Platform | Stop the meter | Still billing when paused |"
+        if name == "SKILL.md":  # the hub's budget: the stop only; the rest is one hop away (the profile's §5)
+            assert header == "| Platform | Stop the meter |"
             continue
         assert header == "| Platform | Stop the meter | What that destroys | Still billing when paused | Checked |"
         for row, pid in zip(rows, ids):  # the month the money facts were last checked, so staleness shows
@@ -498,3 +499,47 @@ def test_generic_ssh_has_no_blind_stop():
     assert fm["defaults"]["METER_STOP_CMD"] is None
     assert fm["billing"]["os_shutdown_stops_billing"] == "unknown"
     assert fm["detach"] == "tmux"
+
+
+# ---------------------------------------------------------------- certainty in the data (issue 40)
+
+@pytest.mark.parametrize("pid", EXPECTED_IDS)
+def test_every_profile_has_an_uncertain_list_naming_real_fields(pid):
+    """Every profile carries `uncertain` (empty when nothing is in doubt); each entry names a field it has."""
+    from test_profile_consistency import resolve_field
+    fm = frontmatter(pid)
+    assert isinstance(fm.get("uncertain"), list), f"profiles/{pid}.md has no uncertain list"
+    for entry in fm["uncertain"]:
+        found, _value, _extra = resolve_field(fm, entry["field"])
+        assert found, f"profiles/{pid}.md: uncertain names {entry['field']!r}, which it does not have"
+        assert re.search(r"20\d\d-\d\d", entry["note"]), f"{pid} {entry['field']}: the note gives no month"
+
+
+def uncertain_fields(pid):
+    return {e["field"] for e in frontmatter(pid)["uncertain"]}
+
+
+def test_issue40_lambda_shutdown_and_attach_at_launch_are_flagged():
+    assert {"billing.os_shutdown_stops_billing", "storage[filesystem (network, persistent)].caps"} <= \
+        uncertain_fields("lambda")
+    body = profile_path("lambda").read_text(encoding="utf-8")
+    assert "does **not** stop billing" not in body
+
+
+def test_issue40_autodl_in_instance_shutdown_and_cardless_fee_are_flagged():
+    b = frontmatter("autodl")["billing"]
+    assert {"billing.os_shutdown_stops_billing", "billing.meter_stop_action", "billing.pause_action"} <= \
+        uncertain_fields("autodl")
+    assert "unconfirmed" in b["meter_stop_action"] and "small hourly fee" not in b["pause_action"]
+    skill = (REPO / "SKILL.md").read_text(encoding="utf-8")
+    assert "console button, or `shutdown` inside the instance" not in skill
+
+
+def test_issue40_runpod_network_volumes_bill_hourly_and_aliases_are_named():
+    fm = frontmatter("runpod")
+    gran = fm["billing"]["granularity"]
+    assert "network volumes hourly" in gran and "disputed" not in gran
+    body = profile_path("runpod").read_text(encoding="utf-8")
+    for verb in ("runpodctl pod delete", "`pod rm`", "`pod remove`", "runpodctl remove pod", "runpodctl stop pod",
+                 "runpodctl pod stop"):
+        assert verb in body, verb

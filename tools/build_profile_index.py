@@ -40,9 +40,9 @@ END = "<!-- END GENERATED: platform-table -->"
 TABLE_FILES = ("SKILL.md", "README.md")
 HEADER = ("| Platform | Stop the meter | What that destroys | Still billing when paused | Checked |\n"
           "|---|---|---|---|---|\n")
-# SKILL.md has a character budget: its table leaves out what the stop destroys (the teardown gate prints
-# it, the profile's section 5 explains it) and the month checked.
-COMPACT_HEADER = "| Platform | Stop the meter | Still billing when paused |\n|---|---|---|\n"
+# SKILL.md has a character budget (8,000 bytes): its table names the stop only; what it destroys and what
+# still bills live in the profile (section 5), one hop away, and in README.md's full table.
+COMPACT_HEADER = "| Platform | Stop the meter |\n|---|---|\n"
 
 
 class UsageError(Exception):
@@ -159,9 +159,8 @@ def render_table(profiles, compact=False) -> str:
         p = profiles[pid]
         b = p.get("billing") or {}
         if compact:
-            rows.append("| [{}](profiles/{}.md) | {} | {} |\n".format(
-                _cell(p.get("title", pid)), pid, _cell(b.get("meter_stop_action", "?")),
-                _cell(b.get("keeps_billing_when_paused", "?"))))
+            rows.append("| [{}](profiles/{}.md) | {} |\n".format(
+                _cell(p.get("title", pid)), pid, _cell(b.get("meter_stop_action", "?"))))
             continue
         rows.append("| [{}](profiles/{}.md) | {} | {} | {} | {} |\n".format(
             _cell(p.get("title", pid)), pid, _cell(b.get("meter_stop_action", "?")),
