@@ -267,7 +267,7 @@ def script_options(path: Path):
     import sys
     subcommands = {"deadman.py": ["arm", "ack", "status"], "idle_watch.py": ["arm", "status", "disarm"],
                    "rgt.py": ["push", "probe", "launch", "status", "patrol", "logs", "ack", "resume", "pull", "gate",
-                              "sweep", "ledger", "notify"],
+                              "sweep", "ledger", "notify", "reap"],
                    "run_forensics.py": ["list", "diff", "curve", "plot", "steps"]}
     runs = [[]] + [[s] for s in subcommands.get(path.name, [])]
     text = ""
