@@ -226,3 +226,19 @@ def test_install_systemd_writes_the_units_and_uninstall_removes_them(tmp_path):
     assert "reap" in (unit / "rgt-reap.service").read_text()
     res = subprocess.run(base + ["uninstall", "--systemd"], capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 0 and not list(unit.iterdir())
+
+
+def test_the_ci_schedule_template_runs_the_reaper_with_keys_only_from_secrets():
+    import shlex
+    import yaml
+    doc = yaml.safe_load((SCRIPTS.parent / "examples" / "reaper-schedule.yml").read_text())
+    job = doc["jobs"]["reap"]
+    assert doc[True]["schedule"][0]["cron"] and doc["concurrency"] == "reaper"   # YAML reads `on:` as True
+    step = next(s for s in job["steps"] if s.get("name") == "reap")
+    assert all(v.startswith("${{ secrets.") for v in step["env"].values())
+    words = shlex.split(step["run"].splitlines()[-1].replace("$notify", ""))
+    cut = words.index("reap")
+    sys.path.insert(0, str(SCRIPTS))
+    import reap
+    opts = reap.build_parser().parse_args([w for w in words[2:cut] + words[cut + 1:]])
+    assert opts.ledger == "state/ledger.jsonl" and opts.action == "run" and not opts.dry_run
