@@ -32,6 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "node"))
+import rgt_core as core  # noqa: E402  (one-line usage errors, the exit-code contract)
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 NODE = SCRIPTS / "node"
@@ -310,15 +313,8 @@ class Demo:
                 subprocess.run(["tmux", "kill-session", "-t", f"rgt-{run_dir.name}"], capture_output=True)
 
 
-class Parser(argparse.ArgumentParser):
-    """A usage error is one line on stderr (exit 2), not the whole usage block."""
-    def error(self, message):
-        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
-        sys.exit(2)
-
-
 def main(argv=None) -> int:
-    ap = Parser(description=__doc__.split("\n\n")[0],
+    ap = core.Parser(description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--keep", action="store_true", help="leave the node and laptop folders to inspect")
     ap.add_argument("--json", action="store_true", help="print the final report as JSON")
@@ -378,4 +374,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(core.run_main(main, prog="demo_lifecycle.py"))

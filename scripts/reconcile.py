@@ -34,6 +34,9 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "node"))
+import rgt_core as core  # noqa: E402  (one-line usage errors, the exit-code contract)
+
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])")
 MD_TAG = re.compile(r"<!--\s*metric:\s*(\S+?)\s*-->")
 TEX_TAG = re.compile(r"(?<!\\)%\s*metric:\s*(\S+)")
@@ -203,15 +206,8 @@ def fmt(r):
     return f"{r['status']} {r['where']}: claims {r['claimed']}, {r['binding']} is {r['source']:.6g}{rel}"
 
 
-class Parser(argparse.ArgumentParser):
-    """A usage error is one line on stderr (exit 2), not the whole usage block."""
-    def error(self, message):
-        sys.stderr.write(f"{self.prog}: error: {message} (try --help)\n")
-        sys.exit(2)
-
-
 def main(argv=None) -> int:
-    ap = Parser(description=__doc__.split("\n\n")[0],
+    ap = core.Parser(description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("documents", nargs="+", type=Path, help="Markdown, LaTeX or CSV documents to check")
     ap.add_argument("--base", type=Path, help="resolve binding paths from here instead of each document's folder")
@@ -253,4 +249,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(core.run_main(main, prog="reconcile.py"))

@@ -224,6 +224,10 @@ CASES = [
     ("scripts/billing.py", ["--ledger", "{tmp}"], nothing, 2, "cannot read the ledger"),
     ("scripts/rgt.py", ["launch", "gpu-box", "--profile", "local", "--run-id", "r1", "--max-cost", "5", "--",
                         "true"], nothing, 2, "needs the hourly rate"),
+    # reap.py (rgt.py reap)
+    ("scripts/reap.py", ["--timeout", "nan"], nothing, 2, "--timeout"),
+    ("scripts/reap.py", ["install"], nothing, 2, "--cron, --systemd or --launchd"),
+    ("scripts/reap.py", ["--notify-config", "{tmp}/absent.json"], nothing, 2, "no such file"),
     # idle_watch.py
     ("scripts/node/idle_watch.py", [], nothing, 2, "give a command"),
     ("scripts/node/idle_watch.py", ["arm", "--watch-dir", "{tmp}/w", "--stop-cmd", "'unbalanced"], nothing, 2,

@@ -263,12 +263,17 @@ def printable(text):
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _printable_all(obj):
+def map_strings(obj, fn):
+    """OBJ (JSON-shaped) with FN applied to every string in it, dict keys included."""
     if isinstance(obj, dict):
-        return {printable(k): _printable_all(v) for k, v in obj.items()}
+        return {map_strings(k, fn): map_strings(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_printable_all(v) for v in obj]
-    return printable(obj)
+        return [map_strings(v, fn) for v in obj]
+    return fn(obj) if isinstance(obj, str) else obj
+
+
+def _printable_all(obj):
+    return map_strings(obj, printable)
 
 
 def dumps(obj):
@@ -1018,11 +1023,7 @@ def scrub_urls(text):
 def scrub_record(obj):
     """Every string of a record (keys too) through scrub_urls: a command, error texts and a git remote may
     all quote a URL, and the records travel (durable storage, the laptop, reviewers)."""
-    if isinstance(obj, dict):
-        return {scrub_urls(k): scrub_record(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [scrub_record(v) for v in obj]
-    return scrub_urls(obj)
+    return map_strings(obj, scrub_urls)
 
 
 def url_secrets(words):
