@@ -15,7 +15,7 @@ Usage:
   python3 pull_verified.py --source gpu-box:/workspace/durable/results/run-42 --dest ./pulled --generation 1
 
 --generation N pulls generation N of the run instead of its current results: the verified results of attempt
-N that a later attempt which did not continue it (a --force-restart without a resume adapter) would have
+N that a later attempt which did not continue it (a forced restart, having no resume adapter) would have
 replaced, kept whole on the node with their own manifest in DURABLE/generations/RID/N (for a --source
 DURABLE/results/RID). It is fetched and verified by the same steps below and lands in DEST/<run_id>@generation-N/
 (PULL_VERIFIED.json records the generation); gate it with teardown_gate.py --keep-generation N.

@@ -29,7 +29,10 @@ runs all passed the gate (a stopped RunPod pod or vast.ai instance still bills i
 warning goes out a day before. Never a terminate without the gate's PASS.
 
 Usage:
-  rgt.py reap [--dry-run] [--json] [--notify-config FILE] [rule options]
+  rgt.py reap [--dry-run] [--json] [--notify-config FILE] [--ledger FILE] [--lock-wait S]
+              [--ssh-config FILE] [-p|--port PORT] [-i|--identity KEY] [--node-dir DIR] [--trip-timeout S]
+              [--done-grace-minutes M] [--unwatched-grace-minutes M] [--terminate-after-days N]
+              [--timeout S] [--poll-seconds S] [--cap-seconds S]
   rgt.py reap install --cron | --systemd | --launchd [--every-minutes M] [--print]
   rgt.py reap uninstall --cron | --systemd | --launchd
 

@@ -53,6 +53,8 @@ DURABLE_DIR/results/RID; later commands find both in the ledger. `rgt.py launch 
   run_one.sh resume adapters for a trainer you did not write: --resume-glob, --resume-arg ('--init_from=resume')
   and --progress-regex, so that resume continues from the newest checkpoint instead of step 0 (run_one.sh);
   --total-steps N for a trainer that prints no total (status then shows step/N and an ETA)
+  deadman.py arm options, one word per --deadman-arg: --stop-cmd 'CMD' for a stop of your own, and for one that
+  destroys data --stop-cmd-destructive with --allow-destructive (it then fires only after a verified sync)
 
 resume: after a preemption or a failed attempt, relaunch the run's recorded launch in the same run dir as
 attempt N+1 (boot_resume.py --run on the node): its resume adapters pick the newest good checkpoint, the
@@ -1297,6 +1299,10 @@ def build_parser(only=None):
                            parents=[shared], formatter_class=core.RawHelp, epilog=billing.EXIT_EPILOG)
         p.add_argument("--timeout", type=core.arg_number(float, 0.0, 600, low_open=True), default=30.0,
                        help="seconds one provider request may take")
+    if wanted("reap"):   # listed for -h; dispatch() hands `reap` to scripts/reap.py and its own parser first
+        p = sub.add_parser("reap", help="the backstop off the box: stop what the node can no longer stop "
+                                        "(rgt.py reap --help)", add_help=False)
+        p.add_argument("words", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -1325,7 +1331,7 @@ def dispatch(argv, early, used):
     args.rest = rest
     if not args.command:
         raise core.UsageError("give a command: push, probe, launch, status, patrol, logs, ack, resume, pull, gate, "
-                              "sweep, ledger, notify, billing")
+                              "sweep, ledger, notify, billing, reap")
     if rest and args.command not in ("probe", "launch"):
         raise core.UsageError("'--' is only for probe and launch")
     if args.command == "ledger":

@@ -88,6 +88,13 @@ def read_or_empty(run, name):
         return {}
 
 
+def text_or_empty(path):
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 @pytest.fixture
 def procs():
     """Processes this test started; all are ended (by pid) afterwards."""
@@ -117,6 +124,14 @@ def deadman(*args, env=None, timeout=30):
 
 def arm_fg(run, *args, env=None, timeout=30):
     return deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--foreground", *args, env=env, timeout=timeout)
+
+
+def evaluations(run):
+    """How many checks the run's dead-man has made (its lease): negative checks wait on this, never on a sleep."""
+    try:
+        return json.loads((run / "lease.json").read_text())["deadman"]["evaluations"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def arm_bg(procs, run, *args):
@@ -213,7 +228,8 @@ def test_ack_postpones_and_disarm_exits_cleanly(tmp_path, procs):
     res = arm_bg(procs, run, "--grace-minutes", "0.001", "--stop-cmd", stop)
     assert res.returncode == 0, res.stderr
     pid = int(res.stdout)
-    time.sleep(1.0)                                   # ~17 grace periods: it would have fired by now
+    # ten checks span at least nine polls, far past the 0.06 s grace: it would have fired by now
+    assert wait_for(lambda: evaluations(run) >= 10, 60), "the dead-man made no checks"
     assert not (run / "DEADMAN_FIRED.json").exists() and calls_of(calls) == []
     st = deadman("status", "--run-dir", run)
     assert st.returncode == 0 and st.stdout.startswith("ARMED") and "postponed-until" in st.stdout
@@ -504,9 +520,9 @@ def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs, quiet_
     stop, calls = stand_in(tmp_path)
     res = arm_bg(procs, run, "--grace-minutes", "0.005", "--wait-ssh", "--stop-cmd", stop)
     assert res.returncode == 0, res.stderr
-    time.sleep(1.0)
+    assert wait_for(lambda: re.search(r"waiting for \d+ SSH session", text_or_empty(run / "deadman.log")), 30), \
+        "the dead-man never said it waits for the SSH session"
     assert not (run / "DEADMAN_FIRED.json").exists(), "fired while an SSH session was open"
-    assert re.search(r"waiting for \d+ SSH session", (run / "deadman.log").read_text())
     client.kill()
     client.wait()
     fired = wait_for(lambda: "message" in (read_or_empty(run, "DEADMAN_FIRED.json")), 4)   # "message" = done
@@ -542,9 +558,8 @@ def test_removed_run_dir_makes_the_deadman_stand_down_without_firing(tmp_path, p
     pid = int(res.stdout.strip())
     assert wait_for(lambda: (run / "deadman.json").exists())
     shutil.rmtree(run)
-    assert wait_for(lambda: not pid_alive(pid), timeout=5)
-    time.sleep(3.2)  # past the grace period: a dead-man still running would have fired by now
-    assert calls_of(calls) == []
+    assert wait_for(lambda: not pid_alive(pid), timeout=30)
+    assert calls_of(calls) == []      # a stop runs before the dead-man exits: none ran
 
 
 def test_suspend_is_told_apart_from_a_stall():
@@ -948,7 +963,8 @@ def test_a_finished_run_waits_while_another_run_on_the_node_trains(tmp_path, pro
     assert res.returncode == 0, res.stderr
     log = done_run / "deadman.log"
     assert wait_for(lambda: log.exists() and "another run on this box is active and watched (b)" in log.read_text(), 60)
-    time.sleep(2)  # several polls past the 0.6 s grace: with the other run active, nothing may fire
+    seen = evaluations(done_run)      # checks counted past the 0.6 s grace: with the other run active, none fires
+    assert wait_for(lambda: evaluations(done_run) >= seen + 10, 60), "the dead-man stopped checking"
     assert calls_of(calls) == [] and not (done_run / "DEADMAN_FIRED.json").exists()
     trainer.kill()
     trainer.wait()

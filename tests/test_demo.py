@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, path_without
+from conftest import wait_for, NODE, SCRIPTS, TOOLS, path_without
 
 PHASES = ["probe", "gate", "dead-man", "run", "interrupt", "resume", "manifest", "pull", "verify", "teardown gate",
           "dead-man fires", "verified stop", "reaper"]
@@ -31,8 +31,7 @@ def test_demo_runs_every_phase_and_cleans_up(tmp_path):
     # --keep leaves the evidence: the verified pull and its record
     verified = json.loads((work / "laptop" / "pulled" / "demo-1" / "PULL_VERIFIED.json").read_text())
     assert verified["file_count"] >= 3
-    time.sleep(1)
-    assert live_deadmen(work) == [], "the demo left a dead-man running"
+    assert wait_for(lambda: live_deadmen(work) == [], 30), "the demo left a dead-man running"
 
 
 def test_demo_refuses_a_non_empty_workdir(tmp_path):

@@ -166,7 +166,7 @@ def test_disk_floor_refuses_before_anything_starts(box):
     env = dict(box.env, DISK_FLOOR_INODES=str(10 ** 15))
     res = box.launch("floor", job, env=env)
     assert res.returncode == 3 and "inodes" in res.stderr
-    time.sleep(0.3)
+    # the gate refuses before run_one.sh forks anything: no supervisor exists that could start the job later
     assert not os.path.exists(cfg["seen"]), "the job ran although the gate refused"
     assert not box.run_dir("floor").exists()
 
@@ -198,7 +198,7 @@ def test_live_lock_refuses_and_sigterm_to_supervisor_reaches_the_job(box):
     job2, cfg2 = box.job("second")
     res2 = box.launch("busy", job2, "--run-dir", str(rd))
     assert res2.returncode == 3 and "locked by live pid" in res2.stderr
-    time.sleep(0.3)
+    # the lock is taken before any fork: a refused launch leaves nothing behind that could start the job later
     assert not os.path.exists(cfg2["seen"]), "a second job started in a locked run dir"
     status = box.status("busy")
     assert (rd / "run.lock" / "pid").read_text().strip() == str(status["supervisor_pid"])

@@ -68,7 +68,8 @@ Usage:
                  [--allow-destructive] [--fallback-stop-cmd "ARGV"] [--pre-stop-cmd "ARGV"]
                  [--pre-stop-timeout 300] [--retries 3] [--retry-backoff 10] [--stop-timeout 120]
                  [--confirm-seconds S] [--term-grace-seconds 30] [--sync-wait-seconds 300]
-                 [--job-pid PID] [--poll-seconds 30] [--repeat-minutes 15] [--registry DIR] [--dry-run]
+                 [--job-pid PID] [--poll-seconds 30] [--lease-ttl-seconds S] [--repeat-minutes 15]
+                 [--registry DIR] [--dry-run]
                  [--budget-usd USD --rate-per-hour X] [--disk-floor-gb 10] [--disk-floor-inodes 10000]
                  [--foreground] [--json]
   deadman.py ack --run-dir DIR [--postpone-minutes M | --disarm] [--json]
@@ -209,6 +210,7 @@ class Watcher(object):
         self.record_errors = 0
         self.next_deadline = None         # monotonic: the earliest firing the last check foresaw (R15)
         self.budget_told = False          # budget_80 sent by this watcher
+        self.evaluations = 0              # checks made so far (lease.json)
 
     def due_at(self, mono):
         """Note a deadline the last check foresaw (a grace, stall or cap running out), so the poll wakes
@@ -383,6 +385,7 @@ class Watcher(object):
                 self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
             self.next_deadline = None
             verdict = self.guarded_evaluate(now)
+            self.evaluations += 1         # in the lease: tests (and people) count checks instead of sleeping
             flush_notifications()
             if verdict is None:
                 self.guarded_observe(now)
@@ -563,7 +566,8 @@ class Deadman(Watcher):
                "ttl_s": self.cfg.get("lease_ttl_seconds") or runrec.lease_ttl(self.cfg.get("poll_seconds")),
                "budget_deadline": deadline,
                "deadman": {"pid": os.getpid(), "identity": core.process_identity(), "state": self.state,
-                           "oom_protected": getattr(self, "oom_protected", False), "last_evaluation": stamp()}}
+                           "oom_protected": getattr(self, "oom_protected", False), "last_evaluation": stamp(),
+                           "evaluations": self.evaluations}}
         error = runrec.write_lease(self.run_dir, doc, reserve=self.p(WATCH_RESERVE))
         if error:
             self.note("lease not renewed (%s); watching goes on" % error)

@@ -31,7 +31,7 @@ Usage:
                     [--max-hours H] [--fallback-stop-cmd CMD] [--pre-stop-cmd CMD] [--pre-stop-timeout S]
                     [--retries N] [--retry-backoff S] [--stop-timeout S] [--confirm-seconds S]
                     [--ssh-idle-minutes M] [--ssh-wait-max-minutes M] [--repeat-minutes M] [--registry DIR]
-                    [--allow-destructive] [--dry-run] [--foreground] [--json]
+                    [--lease-ttl-seconds S] [--allow-destructive] [--dry-run] [--foreground] [--json]
   idle_watch.py status --watch-dir DIR [--json]
   idle_watch.py disarm --watch-dir DIR
 
