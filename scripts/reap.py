@@ -24,6 +24,10 @@ ledger row (event "reap"), a reap holds a lock beside the ledger, so two reapers
 box the provider already reads as stopped is left alone. Each reap writes a heartbeat beside the ledger
 (`rgt.py launch` warns when none is younger than 24 h).
 
+Weekly digest (opt-in): --digest-days 7 with --notify-config sends one still_billing message every 7 days listing
+each box a provider still bills (running, or stopped and billing its disk) and each box with ungated runs that the
+reaper cannot see; a ledger row records it, so any number of scheduled reaps send it once.
+
 Two-stage end (opt-in): --terminate-after-days N terminates an instance the reaper stopped N days ago whose
 runs all passed the gate (a stopped RunPod pod or vast.ai instance still bills its disk); a lease_expired-style
 warning goes out a day before. Never a terminate without the gate's PASS.
@@ -32,7 +36,7 @@ Usage:
   rgt.py reap [--dry-run] [--json] [--notify-config FILE] [--ledger FILE] [--lock-wait S]
               [--ssh-config FILE] [-p|--port PORT] [-i|--identity KEY] [--node-dir DIR] [--trip-timeout S]
               [--done-grace-minutes M] [--unwatched-grace-minutes M] [--terminate-after-days N]
-              [--timeout S] [--poll-seconds S] [--cap-seconds S]
+              [--timeout S] [--poll-seconds S] [--cap-seconds S] [--digest-days D]
   rgt.py reap install --cron | --systemd | --launchd [--every-minutes M] [--print]
   rgt.py reap uninstall --cron | --systemd | --launchd
 
@@ -286,7 +290,8 @@ def reap(opts):
     now = time.time()
     decisions, code = [], 0
     with reap_lock(path, opts.lock_wait):
-        boxes = boxes_of(rgt.ledger_events(path))
+        events = list(rgt.ledger_events(path))
+        boxes = boxes_of(events)
         for key in sorted(boxes):
             box = boxes[key]
             d = {"box": box["box"], "host": box["host"], "instance": ":".join(box["instance"]) if box["instance"]
@@ -334,10 +339,41 @@ def reap(opts):
                         code = max(code, 1)
             if not opts.dry_run:
                 rgt.ledger_append(path, **row)
+        if opts.digest_days and not opts.dry_run:
+            digest = still_billing_digest(events, boxes, decisions, opts, now)
+            if digest:
+                rgt.ledger_append(path, event="reap", notice="digest", boxes=digest["boxes"])
+                decisions.append({"box": None, "host": None, "action": "digest", "rule": None,
+                                  "why": digest["text"], "notified": digest["notified"]})
         if not opts.dry_run:
             core.atomic_write_json(os.path.join(os.path.dirname(os.path.abspath(path)), HEARTBEAT),
                                    {"reaped_at": core.utc_iso(now), "boxes": len(decisions), "exit": code})
     return decisions, code
+
+
+def still_billing_digest(events, boxes, decisions, opts, now):
+    """The opt-in digest (--digest-days): once per that many days, one message listing every box the providers
+    still bill (running, or stopped with its disk) and every box with runs not through the gate that the reaper
+    cannot see (no --instance). None when it is not due; a due digest with nothing to list sends nothing."""
+    last = max((core.parse_iso(e.get("time")) or 0.0 for e in events
+                if e.get("event") == "reap" and e.get("notice") == "digest"), default=0.0)
+    if now - last < opts.digest_days * 86400.0:
+        return None
+    lines = []
+    for d in decisions:
+        if d.get("box") not in boxes:
+            continue
+        open_runs = [rid for rid, run in boxes[d["box"]]["runs"].items() if run.get("gate") != "PASS"]
+        if d.get("provider_state") in ("running", "stopped"):
+            lines.append("%s (%s) %s%s" % (d["host"], d["instance"], d["provider_state"],
+                                          ", runs not gated: " + ", ".join(open_runs) if open_runs else ""))
+        elif d.get("instance") is None and open_runs:
+            lines.append("%s cannot be seen (no --instance), runs not gated: %s" % (d["host"], ", ".join(open_runs)))
+    if not lines:
+        return {"boxes": 0, "text": "nothing billing that the ledger knows of", "notified": None}
+    text = "%d box(es) still billing or unseen: %s" % (len(lines), "; ".join(lines))
+    return {"boxes": len(lines), "text": text,
+            "notified": tell(opts, "still_billing", {"boxes": len(lines), "reason": text[:1500]})}
 
 
 def terminate_due(box, opts, now, state):
@@ -377,6 +413,8 @@ def schedule_files(opts):
     cmd = [sys.executable, os.path.join(HERE, "rgt.py")] + opts.ssh_options + ["reap"]
     if opts.notify_config:
         cmd += ["--notify-config", opts.notify_config]
+    if opts.digest_days:
+        cmd += ["--digest-days", "%g" % opts.digest_days]
     line = " ".join(core.shell_quote(w) for w in cmd) if hasattr(core, "shell_quote") else " ".join(
         __import__("shlex").quote(w) for w in cmd)
     home = os.path.expanduser("~")
@@ -490,6 +528,9 @@ def build_parser():
                         help="how long a stop is read back before NOT CONFIRMED (default 240)")
     parser.add_argument("--trip-timeout", type=core.arg_number(float, 0.0, 3600, low_open=True), default=180.0,
                         help="seconds the status trip to one box may take (default 180)")
+    parser.add_argument("--digest-days", type=core.arg_number(float, 0.0, 366, low_open=True),
+                        help="opt-in: every this many days, a still_billing message (--notify-config) listing the "
+                             "boxes still billing (e.g. 7)")
     parser.add_argument("--lock-wait", type=core.arg_number(float, 0.0, 3600), default=600.0,
                         help="seconds to wait for another reap's lock (default 600)")
     for flag in ("--cron", "--systemd", "--launchd"):
@@ -520,8 +561,9 @@ def main(argv=None):
         print("%s reap: the ledger names no box" % core.OK)
     for d in decisions:
         word = {"stop": "REAPED" if d.get("confirmed") else ("WOULD STOP" if opts.dry_run else "NOT CONFIRMED"),
-                "notify": "TOLD", "unknown": "UNKNOWN", "terminate": "TERMINATED"}.get(d["action"], core.OK)
-        print("%-13s %s%s%s: %s" % (word, d["host"], " (%s)" % d["instance"] if d.get("instance") else "",
+                "notify": "TOLD", "unknown": "UNKNOWN", "terminate": "TERMINATED",
+                "digest": "DIGEST"}.get(d["action"], core.OK)
+        print("%-13s %s%s%s: %s" % (word, d["host"] or "all boxes", " (%s)" % d["instance"] if d.get("instance") else "",
                                      " rule %s" % d["rule"] if d.get("rule") else "", d.get("why")))
     return code
 

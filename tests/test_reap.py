@@ -242,3 +242,28 @@ def test_the_ci_schedule_template_runs_the_reaper_with_keys_only_from_secrets():
     import reap
     opts = reap.build_parser().parse_args([w for w in words[2:cut] + words[cut + 1:]])
     assert opts.ledger == "state/ledger.jsonl" and opts.action == "run" and not opts.dry_run
+
+
+def test_the_opt_in_digest_lists_what_still_bills_once_per_period(box):
+    """--digest-days: one still_billing message names the running box and its ungated run; a second reap within
+    the period sends none (a ledger row remembers it); without the option nothing is sent; a dry run tells no one."""
+    tmp_path, server, api = box
+    launch(tmp_path, server, "dig", ttl="60")
+    hook, heard, env = webhook_target(tmp_path, "digest-signing-secret-0123")
+    try:
+        config = env["RGT_NOTIFY_CONFIG"]
+        reap(tmp_path, server, api, "--notify-config", config)
+        reap(tmp_path, server, api, "--notify-config", config, "--digest-days", "7", "--dry-run")
+        assert not [h for h in heard if h.get("event") == "still_billing"], heard
+        code, doc, _err = reap(tmp_path, server, api, "--notify-config", config, "--digest-days", "7")
+        digest = [d for d in doc["decisions"] if d["action"] == "digest"]
+        assert code == 0 and len(digest) == 1 and "runs not gated: dig" in digest[0]["why"], doc
+        wait_for(lambda: [h for h in heard if h.get("event") == "still_billing"], what="the digest message")
+        code, doc, _err = reap(tmp_path, server, api, "--notify-config", config, "--digest-days", "7")
+        assert not [d for d in doc["decisions"] if d["action"] == "digest"], doc
+        assert len([h for h in heard if h.get("event") == "still_billing"]) == 1, heard
+        assert [r for r in rows(tmp_path) if r.get("notice") == "digest"][0]["boxes"] == 1
+        assert not stops(api)
+    finally:
+        hook.shutdown()
+        hook.server_close()

@@ -42,6 +42,7 @@ Who sends each event (every run-scoped sender passes the run's own list, run.jso
   boot_resume                   boot_resume.py: its boot sweep resumed a run or re-armed its dead-man
   lease_expired, reaped         the laptop's reaper (scripts/reap.py): a lease ran out on an unreachable box;
                                 it stopped a box (or its stop is NOT CONFIRMED) from outside
+  still_billing                 the reaper's opt-in digest (scripts/reap.py): the boxes the providers still bill
 A dry-run dead-man tells no one.
 
 Configuration: ONE JSON file on the node, mode 0600, owned by this user (refused otherwise, exit 3),
@@ -101,6 +102,7 @@ BUDGET_100 = "budget_100"
 DISK_LOW = "disk_low"
 LEASE_EXPIRED = "lease_expired"
 REAPED = "reaped"
+STILL_BILLING = "still_billing"
 TEST = "test"
 
 # event -> (severity, title)
@@ -120,6 +122,7 @@ EVENT_INFO = {
     DISK_LOW: ("warning", "Disk low"),
     LEASE_EXPIRED: ("critical", "Box unreachable and its lease ran out"),
     REAPED: ("critical", "Reaper stopped a box"),
+    STILL_BILLING: ("warning", "Still billing"),
     TEST: ("info", "Test message"),
 }
 EVENTS = tuple(e for e in EVENT_INFO if e != TEST)
