@@ -11,8 +11,9 @@
       readable by others) pass through.
 
 rgt.py calls add_parser() when it builds its parser and cmd_notify() to run the command, passing
-itself (the module) so the ssh quoting, the reachability check and the ledger are rgt.py's own.
-Run by itself, `python3 scripts/notify_cli.py ACTION ...` is `rgt.py notify ACTION ...`, with rgt.py's
+itself (the module) so the ssh quoting and the reachability check are rgt.py's own; the ledger row goes
+through scripts/ledger.py. This module never imports rgt.py (no import circle): run by itself,
+`python3 scripts/notify_cli.py ACTION ...` runs `rgt.py notify ACTION ...` as a process, with rgt.py's
 global options (--json, -p/--port, -i/--identity, --ssh-config, --node-dir, --ledger).
 
 Exit codes: 0 OK; 1 a target failed (test) or the node could not write the config; 2 usage or a bad
@@ -20,12 +21,14 @@ config file; 3 the node refused the config (readable by others); 255 ssh could n
 """
 import json
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.join(HERE, "node") not in sys.path:
     sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
+import ledger  # noqa: E402  (scripts/ledger.py: the notify_setup row)
 
 HELP = "notifications from the node: setup HOST --from FILE, test HOST"
 
@@ -90,7 +93,7 @@ def cmd_setup(args, ssh, cli):
                          % (args.host, res.returncode, _node_error(res, cli, args)))
         return res.returncode or core.EXIT_FAIL
     names = ["%s %s" % (t["type"], t["name"]) for t in config["targets"]]
-    cli.ledger_append(cli.ledger_path(args.ledger), event="notify_setup", host=args.host,
+    ledger.append(ledger.path(args.ledger), event="notify_setup", host=args.host,
                       config=doc.get("config"), targets=names)
     fields = {"ok": True, "host": args.host, "config": doc.get("config"), "targets": names,
               "test": cli.again(args, "notify", "test", args.host, *(
@@ -133,9 +136,9 @@ def _json(text):
 
 
 def _standalone(argv=None):
-    sys.path.insert(0, HERE)
-    import rgt
-    return rgt.main(["notify"] + list(sys.argv[1:] if argv is None else argv))
+    """Run by itself: rgt.py notify, as its own process (rgt.py imports this module; this one never imports it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return subprocess.call([sys.executable, os.path.join(HERE, "rgt.py"), "notify"] + argv)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
+import ledger as ledger_mod  # noqa: E402  (scripts/ledger.py)
 
 RULES = ("budget", "done", "unwatched", "unreachable")
 WOULD_STOP = 10
@@ -65,49 +66,35 @@ LOCK = "reap.lock"
 HEARTBEAT_WARN_S = 24 * 3600
 
 
-def ledger():
-    """The ledger module (scripts/rgt.py's ledger functions), loaded on use."""
-    import rgt
-    return rgt
-
-
 # ---------------------------------------------------------------- what the ledger says of each box
 
 def boxes_of(events):
-    """{box key: {"host", "box", "instance": (provider, id) or None, "runs": {rid: facts}, "reaps": [rows]}} from
-    the ledger rows: the runs rgt.py launched, their budgets, the last lease a status read, the reaper's rows."""
+    """{box address: {"host", "box", "instance": (provider, id) or None, "runs": {rid: facts}, "reaps": [rows]}}
+    from the ONE fold of the ledger (ledger.fold, keyed by box identity): the runs rgt.py launched, their budgets,
+    the last lease a status read, the reaper's rows."""
+    runs, folded = ledger_mod.fold(events)
     boxes = {}
-    for event in events:
-        address = event.get("box") or event.get("host")
-        if not address:
+    for key, rec in folded.items():
+        if not key[0]:
+            continue   # a row with neither box nor host names no box
+        box = boxes.setdefault(key[0], {"host": rec["host"], "box": key[0], "instance": None, "runs": {},
+                                        "reaps": []})
+        box["host"] = rec["host"] or box["host"]
+        box["reaps"].extend(rec.get("reaps") or [])
+    for key, rec in runs.items():
+        box = boxes.get(key[0])
+        if box is None:
             continue
-        box = boxes.setdefault(address, {"host": event.get("host"), "box": address, "instance": None, "runs": {},
-                                         "reaps": []})
-        box["host"] = event.get("host") or box["host"]
-        if event.get("event") == "reap":
-            box["reaps"].append(event)
-            continue
-        rid = event.get("run_id")
-        if not rid:
-            continue
-        run = box["runs"].setdefault(rid, {"run_id": rid, "gate": None, "gate_at": None, "state": None,
-                                           "first_launch": None, "max_cost": None, "rate": None, "lease": None,
-                                           "lease_read_at": None})
-        if event.get("instance") and ":" in str(event["instance"]):
-            provider, _, ident = str(event["instance"]).partition(":")
+        if rec.get("instance"):
+            provider, _, ident = rec["instance"].partition(":")
             box["instance"] = (provider, ident)
-        if event.get("event") in ("launch", "resume") and event.get("state") == "launched":
-            run["first_launch"] = run["first_launch"] or event.get("time")
-            run["gate"] = None
-        for field, key in (("max_cost", "max_cost"), ("rate_per_hour", "rate")):
-            if isinstance(event.get(field), (int, float)):
-                run[key] = event[field]
-        if event.get("state"):
-            run["state"] = event["state"]
-        if event.get("event") == "gate":
-            run["gate"], run["gate_at"] = event.get("verdict"), event.get("time")
-        if isinstance(event.get("lease"), dict):
-            run["lease"], run["lease_read_at"] = event["lease"], event.get("time")
+        box["runs"][rec["run_id"]] = {"run_id": rec["run_id"], "gate": rec["gate"], "gate_at": rec.get("gate_at"),
+                                      "state": rec.get("run_state") or rec.get("state"),
+                                      "first_launch": rec.get("first_launch"), "max_cost": rec.get("max_cost"),
+                                      "rate": rec.get("rate_per_hour"), "lease": rec.get("lease"),
+                                      "lease_read_at": rec.get("lease_read_at"), "budget": rec.get("budget")}
+    for box in boxes.values():
+        box["reaps"].sort(key=lambda row: row.get("time") or "")
     return boxes
 
 
@@ -285,12 +272,11 @@ def reap_lock(ledger_file, wait_s):
 
 
 def reap(opts):
-    rgt = ledger()
-    path = rgt.ledger_path(opts.ledger)
+    path = ledger_mod.path(opts.ledger)
     now = time.time()
     decisions, code = [], 0
     with reap_lock(path, opts.lock_wait):
-        events = list(rgt.ledger_events(path))
+        events = list(ledger_mod.events(path))
         boxes = boxes_of(events)
         for key in sorted(boxes):
             box = boxes[key]
@@ -338,11 +324,11 @@ def reap(opts):
                     if not result.get("confirmed"):
                         code = max(code, 1)
             if not opts.dry_run:
-                rgt.ledger_append(path, **row)
+                ledger_mod.append(path, **row)
         if opts.digest_days and not opts.dry_run:
             digest = still_billing_digest(events, boxes, decisions, opts, now)
             if digest:
-                rgt.ledger_append(path, event="reap", notice="digest", boxes=digest["boxes"])
+                ledger_mod.append(path, event="reap", notice="digest", boxes=digest["boxes"])
                 decisions.append({"box": None, "host": None, "action": "digest", "rule": None,
                                   "why": digest["text"], "notified": digest["notified"]})
         if not opts.dry_run:
@@ -391,13 +377,13 @@ def terminate_due(box, opts, now, state):
         if not opts.dry_run and not any(r.get("notice") == "terminate_soon" for r in box["reaps"]):
             tell(opts, "lease_expired", {"box": box["host"], "reason": "terminate in %s (stopped disks still bill)"
                                          % core.human_age(due - age)})
-            ledger().ledger_append(ledger().ledger_path(opts.ledger), event="reap", host=box["host"],
+            ledger_mod.append(ledger_mod.path(opts.ledger), event="reap", host=box["host"],
                                    box=box["box"], reachable=None, notice="terminate_soon")
         return {"terminate": "in %s, told" % core.human_age(due - age)}
     if opts.dry_run:
         return {"action": "terminate"}
     result = stop_box(box, opts, action="terminate")
-    ledger().ledger_append(ledger().ledger_path(opts.ledger), event="reap", host=box["host"], box=box["box"],
+    ledger_mod.append(ledger_mod.path(opts.ledger), event="reap", host=box["host"], box=box["box"],
                            action="terminate", confirmed=result.get("confirmed"),
                            state="terminated" if result.get("confirmed") else "reap_not_confirmed")
     return {"action": "terminate", "confirmed": result.get("confirmed")}

@@ -75,13 +75,16 @@ it then reads ACKED and its record and logs are saved alone, so `rgt.py pull HOS
 
 billing: what is still billing you, read-only (scripts/billing.py): every instance and storage object your laptop
 credentials can see (RunPod, vast.ai, Lambda, Paperspace), with $/h where the API gives it, joined with this
-ledger: UNKNOWN TO THE LEDGER, STOPPED, STORAGE BILLING, RUNNING, NO ACTIVE RUN, OK. Exit 1 when anything is
-billing without a run. It changes nothing.
+ledger by box identity: UNKNOWN TO THE LEDGER, STOPPED, STORAGE BILLING, RUNNING, NO ACTIVE RUN, OK. Exit 1 when
+anything is billing without a run; exit 4 when a provider cannot be read or seen (UNKNOWN provider, CANNOT SEE),
+never "nothing listed". It changes nothing.
 
 budget: launch --max-cost USD with --rate-per-hour X (or --instance PROVIDER:ID, whose rate the provider lists)
 prints the most the run can cost and passes the matching --max-hours to run_one.sh (a tighter cap given to
 run_one.sh is kept), so the dead-man stops the box at the budget. --instance also records which provider
-instance the run is on, for billing. status shows the cost so far: the rate x the hours since the first launch, from the ledger.
+instance the run is on, for billing. The budget is the run's, not an attempt's: the dead-man counts it from the
+run's first start across resumes, re-arms and reboots (RUN_DIR/budget.json). status shows one cost so far and
+its basis (scripts/ledger.py): the rate x that clock, else x the hours since the ledger's first launch.
 
 gate: the teardown gate with our checkpoint inspector on every pulled checkpoint (--no-inspect skips
 that part; the byte-for-byte match with the node is never skipped). Its PASS line says how the run ended
@@ -98,7 +101,7 @@ every file matches the version stamp; the command prints the version the node no
 Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
 may be missing a run); 2 usage or bad input (launch, resume: also a ledger that cannot be written, checked
 before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
-fired, ...); 255 ssh could not reach HOST.
+fired, ...); billing exits 4 when its view is incomplete (billing.py); 255 ssh could not reach HOST.
 """
 import os
 import subprocess
@@ -108,7 +111,6 @@ import fast_start   # scripts/fast_start.py: a status connects first, while the 
 EARLY = fast_start.status_trip(sys.argv[1:]) if __name__ == "__main__" else None
 
 import argparse  # noqa: E402
-import errno  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
@@ -120,6 +122,7 @@ NODE_SRC = os.path.join(HERE, "node")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, NODE_SRC)
 import rgt_core as core  # noqa: E402
+import ledger  # noqa: E402  (scripts/ledger.py: the ledger's file, rows, fold and cost so far)
 
 DEFAULT_NODE_DIR = "~/rgt-bin"
 SSH_UNREACHABLE = 255
@@ -271,59 +274,9 @@ def checked(res, what):
 
 # ---------------------------------------------------------------- the ledger
 
-def ledger_path(explicit=None):
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "remote-gpu-trainer", "ledger.jsonl")
-
-
-class LedgerError(OSError):
-    """The ledger could not be written (read-only, full, gone)."""
-
-
-def ledger_append(path, **event):
-    """Append one event as ONE write of one JSON line (fsynced): the ledger only ever grows. A short write (a
-    full disk) is undone (the file is cut back to its old size) and raised, so a torn row never glues itself to
-    the next one; a file that does not end in a newline (a crash mid-row) gets one first."""
-    event["time"] = core.utc_iso()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        size = os.fstat(fd).st_size
-        lead = b""
-        if size:
-            os.lseek(fd, size - 1, os.SEEK_SET)
-            lead = b"" if os.read(fd, 1) == b"\n" else b"\n"
-        data = lead + (json.dumps(event, sort_keys=True) + "\n").encode("utf-8")
-        try:
-            written = os.write(fd, data)
-        except OSError:
-            written = -1
-            raise
-        finally:
-            if written != len(data):
-                try:
-                    os.ftruncate(fd, size)
-                except OSError:
-                    pass
-        if written != len(data):
-            raise LedgerError(errno.ENOSPC, "short write (%d of %d bytes; disk full?), row undone" % (
-                written, len(data)))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def ledger_writable(path):
-    """Raise UsageError unless a row could be appended to PATH now (folder creatable, file openable): checked
-    before a command acts on the node, so a launch never runs unrecorded."""
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
-    except OSError as exc:
-        raise core.UsageError("the run ledger %s cannot be written (%s): nothing was started; pass --ledger FILE "
-                              "(or set XDG_STATE_HOME) to a writable place" % (path, exc.strerror or exc))
+# The ledger's file, rows and fold are scripts/ledger.py's; these names stay for rgt.py's callers and tests.
+ledger_path, LedgerError, ledger_append, ledger_writable = (ledger.path, ledger.LedgerError, ledger.append,
+                                                            ledger.writable)
 
 
 def record(args, **event):
@@ -345,28 +298,7 @@ def record(args, **event):
         return False
 
 
-def ledger_events(path, torn=None):
-    """The ledger's rows in order. Lines that are not one JSON object (a row torn by a crash or a full disk)
-    are skipped and, when TORN is a list, reported there as (line number, first characters)."""
-    events = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for number, line in enumerate(handle, 1):
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    event = None
-                if isinstance(event, dict):
-                    events.append(event)
-                elif torn is not None:
-                    torn.append((number, line.strip()[:80]))
-    except (FileNotFoundError, NotADirectoryError):
-        pass   # no ledger there (yet): nothing recorded
-    except OSError as exc:
-        raise core.UsageError("cannot read the ledger %s: %s" % (path, exc.strerror))
-    return events
+ledger_events = ledger.events
 
 
 # A box is who answers at an address: user@hostname:port as ssh resolves HOST (an alias, -p, the config's User),
@@ -408,56 +340,7 @@ def box_label(address, machine):
     return address + (" [machine %s]" % machine[:12] if machine else "")
 
 
-def ledger_runs(events):
-    """Fold events into one record per (box, run id), plus one per box. A box key is (address, machine id):
-    rows written before the box's machine id was known count for the first machine seen at that address; a
-    push that finds another machine there starts a new box. Rows older than box addresses key by host."""
-    runs, boxes, machine_at = {}, {}, {}
-    for index, event in enumerate(events):
-        address = event.get("box") or event.get("host")
-        mid = event.get("machine_id") if event.get("event") == "push" else None
-        if mid and machine_at.get(address) is None and (address, None) in boxes:
-            for table in (runs, boxes):   # the first machine id learned for this address: adopt the rows
-                for key in [k for k in table if (k[0], k[1]) == (address, None)]:
-                    rec = table.pop(key)
-                    rec["machine_id"] = mid
-                    table[(address, mid) + key[2:]] = rec
-        if mid:
-            machine_at[address] = mid
-        key = (address, machine_at.get(address))
-        box = boxes.setdefault(key, {"host": event.get("host"), "box": address, "machine_id": key[1],
-                                     "aliases": [], "last_seen": None, "last_push": -1, "last_run_event": -1})
-        box["last_seen"], box["host"] = event.get("time"), event.get("host") or box["host"]
-        if event.get("host") and event["host"] not in box["aliases"]:
-            box["aliases"].append(event["host"])
-        if event.get("event") == "push":
-            box["last_push"] = index
-        rid = event.get("run_id")
-        if not rid:
-            continue
-        box["last_run_event"] = index
-        rec = runs.setdefault(key + (rid,), {"host": event.get("host"), "box": address, "machine_id": key[1],
-                                              "run_id": rid, "gate": None})
-        for field in ("profile", "run_dir", "results_dir", "state", "dest"):
-            if event.get(field):
-                rec[field] = event[field]
-        attempt = event.get("attempt")
-        if isinstance(attempt, int) and not isinstance(attempt, bool):
-            if event.get("event") == "gate" or attempt >= (rec.get("attempt") or 0):
-                rec["attempt"] = attempt
-        if event.get("event") == "gate":
-            rec["gate"] = event.get("verdict")
-            rec["gated_attempt"] = attempt
-        elif event.get("event") in ("launch", "resume") and event.get("state") == "launched":
-            rec["gate"] = None  # a new attempt runs (and bills) again: an earlier gate PASS no longer covers it
-        elif rec["gate"] == "PASS" and event.get("event") in ("status", "patrol") and (
-                event.get("state") in core.ACTIVE_RUN_STATES or
-                (isinstance(attempt, int) and isinstance(rec.get("gated_attempt"), int) and
-                 attempt > rec["gated_attempt"])):
-            rec["gate"] = None  # the node says an attempt runs that the gate never saw: it bills again
-        rec["last_event"], rec["last_seen"] = event.get("event"), event.get("time")
-        rec["host"] = event.get("host") or rec["host"]
-    return runs, boxes
+ledger_runs = ledger.fold
 
 
 def box_runs(args):
@@ -721,7 +604,7 @@ def ledger_attempt(args, rid):
 def cost_line(rate, hours):
     if rate is None:
         return "unknown (pass --rate-per-hour with the price the user pays; never guess one)"
-    return "%.2f so far at %.2f/h" % (rate * hours, rate)
+    return "%s so far at %.4g/h" % (ledger.money(rate * hours), rate)
 
 
 class StatusCall(object):
@@ -769,7 +652,6 @@ def cmd_status(args, ssh):
     trip = args.early or ssh.start(fast_start.STATUS_SHELL)
     try:
         call = StatusCall(args, rid)
-        spent = ledger_cost(args, rid)
     except BaseException:
         trip.abandon()
         raise
@@ -793,7 +675,7 @@ def cmd_status(args, ssh):
     state = status.get("status") or status.get("state")
     record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"),
            **lease_fields(status))
-    status["cost_from_ledger"] = spent
+    one_cost(status, ledger_cost(args, rid, (status.get("lease") or {}).get("budget")))
     if args.json:
         core.emit_json(status)
     else:
@@ -802,6 +684,25 @@ def cmd_status(args, ssh):
         if status.get("hint"):
             print("hint: %s" % core.safe_line(status["hint"]))
     return code
+
+
+NODE_COST_BIT = re.compile(r" cost ~[0-9.]+ over [0-9.]+[smhd]")
+
+
+def one_cost(status, spent):
+    """Status shows ONE cost and its basis: the run's budget clock (ledger.cost_so_far) when it is known, else
+    the node's job time x rate (a lower bound: the box may have billed longer)."""
+    if spent.get("cost") is not None:
+        status["line"] = NODE_COST_BIT.sub("", status.get("line") or "")
+        status["cost_so_far"], status["cost_hours"], status["cost_basis"] = (spent["cost"], spent["hours"],
+                                                                             spent["basis"])
+    elif status.get("cost_so_far") is not None:
+        status["line"] = NODE_COST_BIT.sub("", status.get("line") or "")
+        spent = dict(spent, cost=status["cost_so_far"], hours=status.get("cost_hours"),
+                     basis="the job's time on the node (a lower bound: the box may have billed longer)")
+        spent["line"] = "cost so far: %s (%s)" % (ledger.money(spent["cost"]), spent["basis"])
+        status["cost_basis"] = spent["basis"]
+    status["cost_from_ledger"] = spent
 
 
 def cmd_logs(args, ssh):
@@ -1125,16 +1026,21 @@ def launch_budget(args, options):
     if args.instance and args.max_cost is not None and rate is None:
         rate = billing.rate_from_provider(args.instance)
     options, hours, note = billing.plan_budget(args.max_cost, rate, options)
-    ledger = {k: v for k, v in (("instance", args.instance), ("rate_per_hour", rate), ("max_cost", args.max_cost),
-                                ("max_hours", hours)) if v is not None}
+    rows = {k: v for k, v in (("instance", args.instance), ("rate_per_hour", rate), ("max_cost", args.max_cost),
+                              ("max_hours", hours)) if v is not None}
     if note and not args.json:
         sys.stderr.write("rgt.py: %s\n" % note)
-    return options, {"ledger": ledger, "note": note}
+    return options, {"ledger": rows, "note": note}
 
 
-def ledger_cost(args, rid):
-    import billing
-    return billing.cost_so_far(ledger_events(ledger_path(args.ledger)), args.host, rid, args.rate_per_hour)
+def ledger_cost(args, rid, budget=None):
+    """The run's cost so far (ledger.cost_so_far), counting BUDGET (the node's budget clock a status just
+    read) when there is one."""
+    rows = ledger_events(ledger_path(args.ledger))
+    if isinstance(budget, dict):
+        rows = rows + [{"event": "status", "host": args.host, "box": box_of(args)[0], "run_id": rid,
+                        "budget": budget}]
+    return ledger.cost_so_far(rows, args.host, rid, args.rate_per_hour, box=box_of(args)[0])
 
 
 def cmd_billing(args):

@@ -376,7 +376,8 @@ def ledger_file(tmp_path, rows):
 
 def test_billing_classifies_a_mixed_fleet_and_changes_nothing(tmp_path):
     ledger = ledger_file(tmp_path, [
-        {"event": "launch", "host": "root@192.0.2.21", "run_id": "train-a", "state": "launched"},     # by ip
+        {"event": "launch", "host": "box-a", "box": "root@192.0.2.21:22022", "run_id": "train-a",   # by address
+         "state": "launched"},
         {"event": "launch", "host": "box-b", "run_id": "train-b", "state": "launched", "instance": "vastai:502"},
         {"event": "status", "host": "box-b", "run_id": "train-b", "state": "succeeded"},
         {"event": "launch", "host": "box-c", "run_id": "train-c", "state": "launched", "instance": "runpod:podc"},
@@ -406,8 +407,8 @@ def test_billing_classifies_a_mixed_fleet_and_changes_nothing(tmp_path):
     doc = json.loads(res.stdout)
     labels = {(i["provider"], i["id"]): i["label"] for i in doc["items"]}
     assert labels == {("vastai", "501"): "OK", ("vastai", "502"): "RUNNING, NO ACTIVE RUN",
-                      ("vastai", "503"): "UNKNOWN TO THE LEDGER", ("vastai", "61"): "OK",
-                      ("runpod", "podc"): "STOPPED, STORAGE BILLING", ("runpod", "nvx"): "STOPPED, STORAGE BILLING"}
+                      ("vastai", "503"): "UNKNOWN TO THE LEDGER", ("vastai", "61"): "STORAGE BILLING",  # unattached
+                      ("runpod", "podc"): "STOPPED, STORAGE BILLING", ("runpod", "nvx"): "STORAGE BILLING"}
     assert doc["unattended_rate_per_hour"] == 2.3  # 0.8 + 1.5: compute billing without a run
     assert {p["provider"]: p["credentials"] for p in doc["providers"]} == {
         "runpod": True, "vastai": True, "lambda": False, "paperspace": False}
@@ -427,7 +428,7 @@ def test_billing_lambda_and_paperspace_fleets_and_a_refused_key(tmp_path):
                "RGT_PAPERSPACE_API_URL": ps.url}
         doc = billing.report_billing([], environ=env, home=str(tmp_path), timeout=10)
     assert {(i["provider"], i["id"], i["label"], i["rate_per_hour"]) for i in doc["items"]} == {
-        ("lambda", "l1", "UNKNOWN TO THE LEDGER", 1.29), ("lambda", "fs1", "STOPPED, STORAGE BILLING", None)}
+        ("lambda", "l1", "UNKNOWN TO THE LEDGER", 1.29), ("lambda", "fs1", "STORAGE BILLING", None)}
     err = [p for p in doc["providers"] if p["provider"] == "paperspace"][0]["error"]
     assert err["kind"] == "auth" and doc["ok"] is False
 

@@ -16,7 +16,10 @@ Runs ON THE GPU NODE, detached from any SSH session, and watches one run directo
              --stall-minutes (a hung NCCL collective or a deadlocked loader bills forever);
              while another watched run on the box still progresses, only THIS run's job is
              stopped (its stop signal, then its sync) and the box is left on for the other run;
-  max_hours  --max-hours passed since arming, whatever the job is doing.
+  max_hours  --max-hours passed since arming, whatever the job is doing; or the hours --budget-usd
+             buys at --rate-per-hour are spent, counted from the run's FIRST start across attempts,
+             re-arms and reboots, less the time the box was suspended (RUN_DIR/budget.json, kept by
+             runrec: a resume or a re-arm never gets the whole budget again).
 A torn or unreadable status.json is never read as "no job": the dead-man holds, and the stall
 rule and the cap still apply. Other runs on the box (the box registry, runrec.py) hold the stop
 off only while they are watched by their own dead-man and progressing: a hung, unwatched neighbour
@@ -55,7 +58,7 @@ Messages (notify.py, when a target is configured; a --dry-run dead-man tells no 
 it fires (with budget_100 when the cap that fired is the one --budget-usd bought), stalled, stop_confirmed,
 stop_not_confirmed (repeated until an ACK, --repeat-minutes); and from a quiet poll: first_progress once per
 attempt (the attempt's step rose above the first it showed; with the ETA run_status.py gives), budget_80
-once (80% of the hours --budget-usd buys at --rate-per-hour have passed since arming), disk_low once per
+once (80% of the hours --budget-usd buys at --rate-per-hour are spent since the run's first start), disk_low once per
 crossing (the run dir's or the durable dir's filesystem under --disk-floor-gb or --disk-floor-inodes; told
 again only after it came back 10% above the floor; a filesystem that does not answer is skipped). The run's
 own list (run.json notify_events) narrows what is sent. RUN_DIR/notified.json records what was told, so a
@@ -210,6 +213,8 @@ class Watcher(object):
         self.record_errors = 0
         self.next_deadline = None         # monotonic: the earliest firing the last check foresaw (R15)
         self.budget_told = False          # budget_80 sent by this watcher
+        self.budget_clock = None          # the run's budget clock (runrec.BUDGET), from its first start
+        self.budget_fired = False         # the cap that fired is the budget's
         self.evaluations = 0              # checks made so far (lease.json)
 
     def due_at(self, mono):
@@ -323,29 +328,52 @@ class Watcher(object):
         """The run's own event list (None: every event); a box watcher has no run."""
         return None
 
+    def start_budget_clock(self):
+        """The run's budget clock (runrec.BUDGET): started by the first arming with --budget-usd, carried on by
+        every later one (a resume, a re-arm, a reboot), so the budget is spent once per run, not per arming."""
+        usd, rate = self.cfg.get("budget_usd"), self.cfg.get("rate_per_hour")
+        if not usd or not rate or self.budget_clock is not None:
+            return
+        self.budget_clock, error = runrec.start_budget(self.run_dir, usd, rate, time.time())
+        if error:
+            self.note("budget clock not saved (%s); it counts from this arming only" % error)
+        self.log("budget clock: the run's first start %s, %s suspended so far" % (
+            stamp(self.budget_clock["first_start"]), dur(self.budget_clock.get("suspended_s") or 0)))
+
     def budget(self, now):
-        """(hours the budget buys, its fields at NOW) or (None, None) without --budget-usd."""
+        """(hours the budget buys, its fields at NOW) or (None, None) without --budget-usd. Spent time runs
+        from the run's first start (runrec.budget_spent_hours), not from this arming."""
         usd, rate = self.cfg.get("budget_usd"), self.cfg.get("rate_per_hour")
         if not usd or not rate:
             return None, None
-        spent_h = max(0.0, now - self.armed_mono) / 3600.0
-        return core.budget_hours(usd, rate), {"spent_usd": round(spent_h * rate, 2), "budget_usd": usd,
+        if self.budget_clock is None:
+            self.start_budget_clock()
+        spent_h = runrec.budget_spent_hours(self.budget_clock, self.wall_at(now))
+        return core.budget_hours(usd, rate), {"spent_usd": round(spent_h * rate, 6), "budget_usd": usd,
                                               "rate_per_hour": rate, "elapsed_s": round(spent_h * 3600)}
 
     def tell_budget(self, now, send):
-        """budget_80 once, when BUDGET_WARN_SHARE of the budget's hours have passed since arming."""
+        """budget_80 once, when BUDGET_WARN_SHARE of the budget's hours are spent (since the run's first start)."""
         hours, fields = self.budget(now)
         if hours is None or self.budget_told:
             return
-        mark = self.armed_mono + hours * 3600 * BUDGET_WARN_SHARE
-        if now >= mark:
+        left_s = hours * 3600 * BUDGET_WARN_SHARE - fields["elapsed_s"]
+        if left_s <= 0:
             self.budget_told = True
-            self.log("budget: %.2f of %.2f spent (estimate); telling" % (fields["spent_usd"], fields["budget_usd"]))
+            self.log("budget: %s of %s spent (estimate); telling" % (fields["spent_usd"], fields["budget_usd"]))
             send("budget_80", fields)
         else:
-            self.due_at(mark)
+            self.due_at(now + left_s)
 
     def cap_reached(self, now):
+        budget_h, fields = self.budget(now)
+        if budget_h is not None:
+            spent_h = runrec.budget_spent_hours(self.budget_clock, self.wall_at(now))
+            if spent_h >= budget_h:
+                self.budget_fired = True
+                return "max_hours", "budget %s reached: %.4g h spent since the run's first start (of %.4g h it " \
+                    "buys at %g/h)" % (fields["budget_usd"], spent_h, budget_h, fields["rate_per_hour"]), None, None
+            self.due_at(now + (budget_h - spent_h) * 3600)
         hours = self.cfg.get("max_hours") or 0.0
         if hours and now - self.armed_mono >= hours * 3600:
             return "max_hours", "wall-clock cap of %g h since arming reached" % hours, None, None
@@ -360,6 +388,7 @@ class Watcher(object):
         core.make_reserve(self.p(WATCH_RESERVE), 64 << 10)
         self.oom_protected = core.protect_from_oom()
         self.log("armed on %s: %s" % (self.run_dir, json.dumps(self.cfg, sort_keys=True)))
+        self.start_budget_clock()
         if not self.oom_protected:
             self.log("NOTE: the OOM killer may still pick this watcher (lowering oom_score_adj needs root); "
                      "the run's lease lets a reaper off the box notice if it dies")
@@ -382,6 +411,10 @@ class Watcher(object):
                 # The job was frozen too: restart the stall and grace clocks.
                 self.resumed_mono = now
                 self.armed_mono += slept   # suspended time does not count toward --max-hours
+                if self.budget_clock is not None:   # nor toward the budget
+                    error = runrec.add_suspended(self.run_dir, self.budget_clock, slept)
+                    if error:
+                        self.note("budget clock not saved (%s)" % error)
                 self.log("machine was suspended for about %s; stall and grace clocks restart now" % dur(slept))
             self.next_deadline = None
             verdict = self.guarded_evaluate(now)
@@ -444,7 +477,8 @@ class Watcher(object):
         if send is not None:   # before the stop: it may take the box and the message
             send("idle_stop" if reason == "idle_box" else "deadman_fired", {"reason": reason, "detail": detail})
             hours, spent = self.budget(time.monotonic())
-            if reason == "max_hours" and hours is not None and cfg.get("max_hours", 0) >= hours - 1e-6:
+            if reason == "max_hours" and hours is not None and (self.budget_fired or
+                                                                  cfg.get("max_hours", 0) >= hours - 1e-6):
                 send("budget_100", spent)   # the cap that fired is the one the budget bought
         try:
             self.before_stop(job_pid, job_alive)
@@ -558,13 +592,17 @@ class Deadman(Watcher):
         """Renew the run's lease (issue 39): who watches, until when the lease holds, the budget's deadline. A
         reaper off the box stops the box when this stops being renewed while the provider says it runs."""
         hours, _fields = self.budget(time.monotonic())
-        deadline = core.utc_iso(self.wall_at(self.armed_mono + hours * 3600)) if hours else None
+        clock = self.budget_clock
+        deadline = core.utc_iso(clock["first_start"] + (clock.get("suspended_s") or 0) + hours * 3600) \
+            if hours else None
         run = core.read_json(self.p("run.json"))
         doc = {"run_id": run.get("run_id"), "run_dir": self.run_dir, "profile": self.cfg.get("profile"),
                "box": {"host": socket.gethostname(), "boot_id": core.boot_id()},
                "renewed_at": round(time.time(), 3),
                "ttl_s": self.cfg.get("lease_ttl_seconds") or runrec.lease_ttl(self.cfg.get("poll_seconds")),
                "budget_deadline": deadline,
+               "budget": {k: clock.get(k) for k in ("first_start", "suspended_s", "budget_usd", "rate_per_hour")}
+               if hours else None,
                "deadman": {"pid": os.getpid(), "identity": core.process_identity(), "state": self.state,
                            "oom_protected": getattr(self, "oom_protected", False), "last_evaluation": stamp(),
                            "evaluations": self.evaluations}}

@@ -76,13 +76,14 @@ class Lambda(pv.Adapter):
 
     def list(self, timeout=pv.DEFAULT_TIMEOUT_S):
         instances, storage = [], []
-        for inst in (self._call("GET", "/instances", timeout=timeout) or {}).get("data") or []:
+        for inst in pv.listed(self._call("GET", "/instances", timeout=timeout), "data", "lambda instances"):
             itype = inst.get("instance_type") or {}
             cents = itype.get("price_cents_per_hour")
             instances.append(pv.row(NAME, "instance", inst.get("id"), inst.get("name"), instance_state(inst),
                                     None if cents is None else cents / 100.0, inst.get("status"),
-                                    ip=inst.get("ip"), hostname=inst.get("hostname"), type=itype.get("name")))
-        for fs in (self._call("GET", "/file-systems", timeout=timeout) or {}).get("data") or []:
+                                    ip=inst.get("ip"), hostname=inst.get("hostname"), type=itype.get("name"),
+                                    volumes=[str(n) for n in inst.get("file_system_names") or []]))
+        for fs in pv.listed(self._call("GET", "/file-systems", timeout=timeout), "data", "lambda file systems"):
             storage.append(pv.row(NAME, "filesystem", fs.get("id"), fs.get("name"), "exists", None, None,
                                   region=(fs.get("region") or {}).get("name"), in_use=fs.get("is_in_use"),
                                   rate_note="bills per GB used while it exists, attached or not"))
@@ -108,10 +109,11 @@ def laptop_adapter(environ, home):
     key = (environ.get("LAMBDA_API_KEY") or "").strip()
     if not key:
         path = (environ.get("RGT_LAMBDA_KEY_FILE") or "").strip() or os.path.join(home, ".lambda_cloud", "lambda_keys")
-        try:
-            key = pv.read_key_file(path, "lambda").get("api_key")
-        except pv.ProviderError:
-            key = None
+        if not os.path.exists(path):
+            return None   # only a missing file means "no credentials"; a loose or broken one is an error
+        key = pv.read_key_file(path, "lambda").get("api_key")
+        if not key:
+            raise pv.ProviderError("config", "lambda key file %s has no 'api_key = ...' line" % path)
     return Lambda(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL)) if key else None
 
 

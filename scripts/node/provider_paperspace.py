@@ -68,11 +68,13 @@ class Paperspace(pv.Adapter):
     def list(self, timeout=pv.DEFAULT_TIMEOUT_S):
         instances, after, pages = [], None, 0
         while True:
-            doc = self._call("GET", "/machines", timeout=timeout, query={"after": after} if after else None) or {}
-            for m in doc.get("items") or []:
+            doc = self._call("GET", "/machines", timeout=timeout, query={"after": after} if after else None)
+            for m in pv.listed(doc, "items", "paperspace machines"):
                 instances.append(pv.row(NAME, "machine", m.get("id"), m.get("name"), machine_state(m), None,
                                         m.get("state"), ip=m.get("publicIp"), usage_rate=m.get("usageRate"),
                                         storage_rate=m.get("storageRate"),
+                                        stopped_bills="its storage at storageRate %s" % m.get("storageRate")
+                                        if m.get("storageRate") is not None else None,
                                         rate_note="usageRate/storageRate as the API gives them (unit unverified)"))
             after, pages = doc.get("nextPage"), pages + 1
             if not doc.get("hasMore") or not after or pages >= 40:

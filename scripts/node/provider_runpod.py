@@ -35,7 +35,8 @@ POD_FIELDS = "id name desiredStatus costPerHr volumeInGb containerDiskInGb runti
 Q_POD = "query pod($podId: String!) { pod(input: {podId: $podId}) { %s } }" % POD_FIELDS
 M_STOP = "mutation stopPod($podId: String!) { podStop(input: {podId: $podId}) { id desiredStatus } }"
 M_TERMINATE = "mutation terminatePod($podId: String!) { podTerminate(input: {podId: $podId}) }"
-Q_FLEET = ("query myself { myself { pods { %s runtime { ports { ip isIpPublic privatePort publicPort type } } } "
+Q_FLEET = ("query myself { myself { pods { %s networkVolumeId "
+           "runtime { ports { ip isIpPublic privatePort publicPort type } } } "
            "networkVolumes { id name size dataCenterId } } }" % POD_FIELDS)
 
 
@@ -82,15 +83,21 @@ class RunPod(pv.Adapter):
         return self._gql(M_TERMINATE, {"podId": self._need_instance()}, timeout).get("podTerminate")
 
     def list(self, timeout=pv.DEFAULT_TIMEOUT_S):
-        me = self._gql(Q_FLEET, {}, timeout).get("myself") or {}
+        me = self._gql(Q_FLEET, {}, timeout).get("myself")
+        if not isinstance(me, dict):
+            raise pv.ProviderError("http", "runpod: answer has no account (myself is %s)" % (
+                "null" if me is None else type(me).__name__))
         instances, storage = [], []
-        for pod in me.get("pods") or []:
+        for pod in pv.listed(me, "pods", "runpod pods"):
             ips = [p for p in ((pod.get("runtime") or {}).get("ports") or []) if isinstance(p, dict)]
             ssh = next((p for p in ips if p.get("privatePort") == 22 and p.get("isIpPublic")), None)
             instances.append(pv.row(NAME, "pod", pod.get("id"), pod.get("name"), pod_state(pod), pod.get("costPerHr"),
                                     pod.get("desiredStatus"), volume_gb=pod.get("volumeInGb"),
+                                    volumes=[str(pod["networkVolumeId"])] if pod.get("networkVolumeId") else None,
+                                    stopped_bills="its %s GB volume only (the API gives no price)" %
+                                    pod.get("volumeInGb") if pod.get("volumeInGb") else None,
                                     ip=ssh.get("ip") if ssh else None, ssh_port=ssh.get("publicPort") if ssh else None))
-        for vol in me.get("networkVolumes") or []:
+        for vol in pv.listed(me, "networkVolumes", "runpod network volumes"):
             storage.append(pv.row(NAME, "network volume", vol.get("id"), vol.get("name"), "exists", None, None,
                                   size_gb=vol.get("size"), region=vol.get("dataCenterId"),
                                   rate_note="bills per GB while it exists; the API gives no price"))

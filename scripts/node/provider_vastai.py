@@ -94,8 +94,8 @@ class VastAI(pv.Adapter):
             query = {"select_filters": "{}", "order_by": json.dumps([{"col": "id", "dir": "asc"}]), "limit": "25"}
             if token:
                 query["after_token"] = token
-            doc = self._call("GET", "/api/v1/instances/", query=query, timeout=timeout) or {}
-            for inst in doc.get("instances") or []:
+            doc = self._call("GET", "/api/v1/instances/", query=query, timeout=timeout)
+            for inst in pv.listed(doc, "instances", "vastai instances"):
                 instances.append(pv.row(NAME, "instance", inst.get("id"), inst.get("label"), instance_state(inst),
                                         inst.get("dph_total"), inst.get("actual_status"),
                                         ip=inst.get("public_ipaddr"), ssh_host=inst.get("ssh_host"),
@@ -103,11 +103,13 @@ class VastAI(pv.Adapter):
             token, pages = doc.get("next_token"), pages + 1
             if not token or pages >= 40:
                 break
-        doc = self._call("GET", "/api/v0/volumes", query={"owner": "me", "type": "all_volume"}, timeout=timeout) or {}
-        for vol in doc.get("volumes") or []:
+        doc = self._call("GET", "/api/v0/volumes", query={"owner": "me", "type": "all_volume"}, timeout=timeout)
+        for vol in pv.listed(doc, "volumes", "vastai volumes"):
+            attached = vol.get("instances") if isinstance(vol.get("instances"), list) else []
             storage.append(pv.row(NAME, "volume", vol.get("id"), vol.get("label") or vol.get("name"),
                                   str(vol.get("status") or "exists"), None, vol.get("status"),
                                   size_gb=vol.get("disk_space"), total_cost=vol.get("storage_total_cost"),
+                                  attached_to=[str(i.get("id") if isinstance(i, dict) else i) for i in attached],
                                   rate_note="bills while it exists; the API gives the total so far, not a rate"))
         return {"instances": instances, "storage": storage}
 

@@ -301,6 +301,23 @@ class Adapter(object):
         raise ValueError("unknown action %r" % action)
 
 
+def listed(doc, key, who):
+    """The list under KEY in a list answer DOC, or ProviderError: a 2xx answer that is not an object, says
+    success false, carries an error, or lacks the list is never read as an empty account (issue 37)."""
+    if not isinstance(doc, dict):
+        raise ProviderError("http", "%s: answer is %s, not an object with %r" % (
+            who, "empty" if doc is None else type(doc).__name__, key))
+    if doc.get("success") is False or doc.get("error") or doc.get("errors"):
+        why = doc.get("msg") or doc.get("error") or doc.get("errors")
+        if isinstance(why, dict):
+            why = why.get("message") or why.get("code")
+        raise ProviderError("http", "%s: the answer is an error: %s" % (who, str(why)[:200]))
+    items = doc.get(key)
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ProviderError("http", "%s: answer has no %r list" % (who, key))
+    return items
+
+
 def row(provider, kind, ident, name=None, state="unknown", rate=None, raw_status=None, **extra):
     """One listed instance or storage object, the same shape for every provider."""
     out = {"provider": provider, "kind": kind, "id": str(ident), "name": name, "state": state,

@@ -436,8 +436,48 @@ def lease_view(doc, now):
     return {"renewed_at": core.utc_iso(doc["renewed_at"]), "age_s": round(age, 1), "ttl_s": ttl,
             "expired": age > ttl, "state": watcher.get("state"), "oom_protected": watcher.get("oom_protected"),
             "budget_deadline": doc.get("budget_deadline"), "boot_id": (doc.get("box") or {}).get("boot_id")
-            if isinstance(doc.get("box"), dict) else None}
+            if isinstance(doc.get("box"), dict) else None,
+            "budget": doc.get("budget") if isinstance(doc.get("budget"), dict) else None}
 
 
 def now_iso():
     return core.utc_iso(time.time())
+
+
+# ---------------------------------------------------------------- the run's budget clock (issue 37)
+# One clock for what a run has spent, on the node and on the laptop: the hours since the run's FIRST start
+# (the first dead-man armed with a budget), across attempts, re-arms and reboots, less the time the box was
+# suspended (a suspended box is frozen; the dead-man adds what it measured). Time the box was down between a
+# kill or a reboot and the next arming still counts: the meter may have run, so the clock errs on the side of
+# stopping early. RUN_DIR/budget.json: {"first_start": wall epoch, "suspended_s": s, "budget_usd", "rate_per_hour"}.
+BUDGET = "budget.json"
+
+
+def budget_spent_hours(doc, now):
+    """Hours spent on DOC's clock at wall time NOW (never negative)."""
+    suspended = doc.get("suspended_s") if isinstance(doc.get("suspended_s"), (int, float)) else 0.0
+    return max(0.0, float(now) - float(doc["first_start"]) - float(suspended)) / 3600.0
+
+
+def read_budget(run_dir):
+    """The run's budget clock, or None when no dead-man has started one (or the file is not one)."""
+    doc = core.read_json(path(run_dir, BUDGET))
+    if not isinstance(doc, dict) or not isinstance(doc.get("first_start"), (int, float)):
+        return None
+    return doc
+
+
+def start_budget(run_dir, budget_usd, rate, now):
+    """The run's budget clock, started at NOW unless an earlier arming already started it."""
+    doc = read_budget(run_dir)
+    if doc is None:
+        doc = {"first_start": round(float(now), 3), "suspended_s": 0.0}
+    doc.update(budget_usd=budget_usd, rate_per_hour=rate)
+    error = core.write_json_best_effort(path(run_dir, BUDGET), doc)
+    return doc, error
+
+
+def add_suspended(run_dir, doc, seconds):
+    """SECONDS of suspend measured by the dead-man: they do not count toward the budget."""
+    doc["suspended_s"] = round(float(doc.get("suspended_s") or 0.0) + float(seconds), 3)
+    return core.write_json_best_effort(path(run_dir, BUDGET), doc)
