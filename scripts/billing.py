@@ -60,11 +60,6 @@ money = ledger.money
 
 # ---------------------------------------------------------------- joining the ledger's runs to the listing
 
-def ledger_runs(events):
-    """{(address, machine id, run id): run} from ledger.fold: the one fold, keyed by box identity."""
-    return ledger.fold(events)[0]
-
-
 def address_parts(address):
     """(host, port or None) of a box address user@host:port (or an old row's bare host)."""
     host = (address or "").rsplit("@", 1)[-1]
@@ -194,7 +189,7 @@ def collect(environ=None, home=None, timeout=30.0, only=None):
 
 def report_billing(events, environ=None, home=None, timeout=30.0):
     items, providers = collect(environ, home, timeout)
-    runs = ledger_runs(events)
+    runs = ledger.fold(events)[0]   # the one fold, keyed by box identity
     classify(items, runs)
     missing, unseen = unlisted_runs(items, runs, providers)
     for p in providers:

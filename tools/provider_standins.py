@@ -54,8 +54,9 @@ class Instance(object):
 
 
 class Volume(object):
-    def __init__(self, ident, name=None, size_gb=50, region="XX-1"):
+    def __init__(self, ident, name=None, size_gb=50, region="XX-1", attached_to=None):
         self.id, self.name, self.size_gb, self.region = str(ident), name or "vol-%s" % ident, size_gb, region
+        self.attached_to = attached_to   # the instance id it is attached to (issue 37: billing joins on it)
 
 
 class StandIn(object):
@@ -66,6 +67,7 @@ class StandIn(object):
         self.instances = {i.id: i for i in instances}
         self.volumes = list(volumes)
         self.log = []
+        self.list_fault = None   # one of LIST_FAULTS: every list request gets that malformed answer (issue 37)
         self.lock = threading.Lock()
         self.closing = threading.Event()
         outer = self
@@ -135,6 +137,8 @@ class StandIn(object):
                              "body": body, "auth": req.headers.get("Authorization") == "Bearer " + self.key})
         if req.headers.get("Authorization") != "Bearer " + self.key:
             return self.reply(req, 401, {"success": False, "error": "auth_error", "msg": "Invalid user key"})
+        if self.list_fault and is_list_request(self.provider, method, parts.path, body):
+            return self.reply_list_fault(req)
         route = getattr(self, "route_" + self.provider)
         try:
             status, doc, inst = route(method, parts.path, urllib.parse.parse_qs(parts.query), body)
@@ -230,6 +234,7 @@ class StandIn(object):
         return {"id": inst.id, "name": inst.name, "desiredStatus": status, "costPerHr": inst.rate,
                 "containerDiskInGb": 20, "volumeInGb": 40, "volumeMountPath": "/workspace", "gpuCount": 1,
                 "imageName": "example/image:1", "dockerArgs": "", "dockerId": None, "env": [], "lastStatusChange": "",
+                "networkVolumeId": next((v.id for v in self.volumes if v.attached_to == inst.id), None),
                 "machineId": "m-1", "memoryInGb": 31, "podType": "RESERVED", "port": 22, "ports": "22/tcp",
                 "uptimeSeconds": 60 if running else 0, "vcpuCount": 8, "machine": {"gpuDisplayName": "GPU"},
                 "runtime": {"uptimeInSeconds": 60, "ports": [{"ip": inst.ip, "isIpPublic": True, "privatePort": 22,
@@ -267,7 +272,8 @@ class StandIn(object):
         if method == "GET" and path in ("/api/v0/volumes", "/api/v0/volumes/"):
             return 200, {"volumes": [{"id": int(v.id) if v.id.isdigit() else v.id, "label": v.name, "status": "stopped",
                                       "disk_space": v.size_gb, "storage_total_cost": 0.42, "start_date": 1.7e9,
-                                      "instances": [], "public_ipaddr": None} for v in self.volumes]}, None
+                                      "instances": [int(v.attached_to)] if v.attached_to else [],
+                                      "public_ipaddr": None} for v in self.volumes]}, None
         raise KeyError(path)
 
     def vast_instance(self, inst):
@@ -314,7 +320,8 @@ class StandIn(object):
                                                                       "gone": "terminated"}[inst.state]
         return {"id": inst.id, "name": inst.name, "status": status, "ip": inst.ip, "hostname": "host.example.invalid",
                 "instance_type": {"name": "gpu_1x_example", "price_cents_per_hour": int(round(inst.rate * 100))},
-                "region": {"name": "xx-1"}, "file_system_names": []}
+                "region": {"name": "xx-1"},
+                "file_system_names": [v.name for v in self.volumes if v.attached_to == inst.id]}
 
     # ------------------------------------------------------------ Paperspace (REST, /v1)
     def route_paperspace(self, method, path, query, body):
@@ -355,6 +362,72 @@ class StandIn(object):
         state = "stopping" if inst.pending == "stop" else {"running": "ready", "stopped": "off", "gone": "off"}[inst.state]
         return {"id": inst.id, "name": inst.name, "state": state, "publicIp": inst.ip, "usageRate": inst.rate,
                 "storageRate": 0.1, "dtDeleted": None, "machineType": "GPU", "region": "xx1"}
+
+
+# ------------------------------------------------------------ list faults (issue 37: billing fails closed)
+# A provider's fleet listing that answers 2xx without the list: each adapter must read it as an error, never as
+# an empty account. Set StandIn.list_fault to one of these; every list request (RunPod's `myself` query, vast.ai's
+# instances and volumes, Lambda's instances and file systems, Paperspace's machines) gets that answer.
+LIST_FAULTS = ("error_object", "empty_body", "wrong_shape", "empty_object", "null_account", "list_shaped", "hang")
+
+_ERROR_OBJECTS = {
+    "runpod": {"errors": [{"message": "Something went wrong. Please try again later."}], "data": None},
+    "vastai": {"success": False, "error": "auth_error", "msg": "Invalid user key"},
+    "lambda": {"error": {"code": "global/internal-error", "message": "Internal error"}},
+    "paperspace": {"message": "Internal error", "code": "INTERNAL_ERROR"},
+}
+_WRONG_SHAPES = {   # a list, under a key the adapter does not read (or the right key holding no list)
+    "runpod": {"data": {"myself": {"id": "user-1", "pods": {"nodes": []}, "networkVolumes": []}}},
+    "vastai": {"data": [{"id": 1, "actual_status": "running", "dph_total": 9.6}]},
+    "lambda": {"instances": [{"id": "l-1", "status": "active"}]},
+    "paperspace": {"machines": [{"id": "m-1", "state": "ready"}]},
+}
+_NULL_ACCOUNTS = {
+    "runpod": {"data": {"myself": None}},
+    "vastai": {"instances": None},
+    "lambda": {"data": None},
+    "paperspace": {"items": None, "hasMore": False},
+}
+
+
+def is_list_request(provider, method, path, body):
+    """Whether this request lists the account's fleet (what billing reads)."""
+    if provider == "runpod":
+        text = (body or {}).get("query") if isinstance(body, dict) else ""
+        return method == "POST" and path == "/graphql" and bool(re.search(r"\bmyself\s*\{", text or ""))
+    return method == "GET" and path.rstrip("/") in {
+        "vastai": ("/api/v1/instances", "/api/v0/volumes"),
+        "lambda": ("/api/v1/instances", "/api/v1/file-systems"),
+        "paperspace": ("/v1/machines",)}[provider]
+
+
+def list_fault_body(provider, fault):
+    """The raw bytes of FAULT's answer for PROVIDER (None: no answer at all, the request hangs)."""
+    if fault == "hang":
+        return None
+    if fault == "empty_body":
+        return b""
+    doc = {"error_object": _ERROR_OBJECTS, "wrong_shape": _WRONG_SHAPES, "null_account": _NULL_ACCOUNTS}.get(fault)
+    doc = doc[provider] if doc else {"empty_object": {}, "list_shaped": [{"id": "x"}]}[fault]
+    return json.dumps(doc).encode("utf-8")
+
+
+def _reply_list_fault(self, req):
+    raw = list_fault_body(self.provider, self.list_fault)
+    if raw is None:
+        self.closing.wait(HANG_MAX_S)
+        return
+    try:
+        req.send_response(200)
+        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Length", str(len(raw)))
+        req.end_headers()
+        req.wfile.write(raw)
+    except OSError:
+        pass
+
+
+StandIn.reply_list_fault = _reply_list_fault
 
 
 def wait_until(predicate, seconds=10.0):
