@@ -42,7 +42,7 @@ LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", 
 # The same in tools/: modules the tests and the demo import (the provider stand-in APIs), never run.
 TOOL_LIBRARIES = ("provider_standins.py",)
 # The same in scripts/: what rgt.py imports for a status in one round trip.
-LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py")
+LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py", "ledger.py")
 
 # How to get each system program a test may need (Debian/Ubuntu package names; .ci/run installs them).
 HOW_TO_GET = {
