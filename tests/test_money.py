@@ -85,8 +85,8 @@ def test_finding_laptop_L3_a_shared_gateway_host_never_covers_another_port(tmp_p
                                   Instance("1002", name="forgotten-8xA100", rate=9.6, ssh_port=40055)])
     with api:
         res = billing_cli(tmp_path, env_for(api), [
-            {"event": "launch", "host": "gpu", "box": "root@ssh.example.invalid:40022", "run_id": "r1",
-             "state": "launched"}])
+            {"event": "launch", "host": "root@ssh.example.invalid", "box": "root@ssh.example.invalid:40022",
+             "run_id": "r1", "state": "launched"}])
     line = [ln for ln in res.stdout.splitlines() if "1002" in ln]
     assert res.returncode == 1 and line and line[0].startswith("UNKNOWN TO THE LEDGER"), res.stdout
     assert "$9.60/h" in line[0] and any(ln.startswith("OK") and " 1001 " in ln for ln in res.stdout.splitlines())
