@@ -1137,7 +1137,8 @@ def build_parser(only=None):
         p.add_argument("--cwd", help="the job's working directory on the node (created)")
         p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
         p.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True),
-                       help="budget in the rate's currency: arms the dead-man's wall-clock cap to match")
+                       help="the run's budget in the rate's currency (all attempts together): arms the "
+                            "dead-man's cap to match")
         p.add_argument("--instance", help="PROVIDER:ID of the box (billing joins on it; a budget reads its rate there)")
     if wanted("status"):
         p = host_cmd("status", "what a run is doing, in one round trip (run_status.py's states and exit codes)",

@@ -1060,7 +1060,8 @@ WATCH_OPTIONS = [
      "the box's run registry (default $RGT_REGISTRY, else ~/.rgt/registry): other runs it lists hold the stop off"),
     ("budget_usd", "--budget-usd", "float+", None,
      "the run's budget (what rgt.py launch was given as its max cost): with --rate-per-hour, the cap is at "
-     "most the hours it buys, budget_80 is told at 80%% of them and budget_100 when the cap fires"),
+     "most the hours it buys, counted from the run's first start (RUN_DIR/budget.json), budget_80 is told at "
+     "80%% of them and budget_100 when the cap fires"),
     ("rate_per_hour", "--rate-per-hour", "float+", None, "the box's price per hour, for --budget-usd"),
     ("disk_floor_gb", "--disk-floor-gb", "float", None,
      "tell disk_low when the run dir's or durable dir's filesystem has fewer GiB free (default %g, the "
