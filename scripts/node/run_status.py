@@ -350,6 +350,11 @@ def one_line(r):
         low = disk.get("free_inodes") is not None and disk["free_inodes"] < core.DEFAULT_MIN_FREE_INODES
         if pct is not None and (pct < 5 or low):
             bits.append("inodes LOW %s%% free" % pct)
+    cap = r.get("cap_stopped")
+    if cap and r["status"] != "deadman_fired":
+        others = cap.get("other_runs") or []
+        bits.append("cap reached: this run stopped, box left on for %d other run%s" % (
+            len(others), "" if len(others) == 1 else "s"))
     synced = sync_words(r)
     if synced:
         bits.append(synced)
@@ -439,7 +444,12 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                      "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
                      "stale_code": stale_daemon(run_dir, dm, version)},
          "unwatched": False, "sync": None, "toolkit_version": version, "checked_at": core.utc_iso(now),
-         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now)}
+         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now), "cap_stopped": None}
+    cap = core.read_json(p(runrec.CAP_STOPPED))   # a damaged record only loses this line
+    if cap:   # finding C2: the run's cap stopped this run only
+        others = cap.get("other_runs") if isinstance(cap.get("other_runs"), list) else []
+        r["cap_stopped"] = {"reason": cap.get("reason"), "at": cap.get("at"), "scope": cap.get("scope"),
+                            "other_runs": [str(o) for o in others]}
     newest = machine.newest_output(run) if same_host else None
     if newest:
         r["newest_output_age_s"], r["newest_output"] = round(max(0.0, now - newest[0]), 1), newest[1]

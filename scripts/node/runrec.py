@@ -41,6 +41,8 @@ NOTIFIED = "notified.json"
 # which stops a box whose lease ran out (a hung box, a killed dead-man) from outside.
 LEASE = "lease.json"
 LEASE_TTL_MIN_S = 300.0
+# The dead-man stopped this run at its cap and left the box on for other runs (finding C2): read by run_status.
+CAP_STOPPED = "CAP_STOPPED.json"
 SCHEMA_VERSION = 1
 
 ACTIVE = ("starting", "running", "stalled", "syncing")
