@@ -116,7 +116,7 @@ except ImportError:  # pragma: no cover
     fcntl = None
 
 TERMINAL = runrec.TERMINAL
-ACTIVE = ("starting", "running", "syncing")
+ACTIVE = runrec.ACTIVE
 NO_STOP_MSG = stop_engine.NO_STOP_MSG
 REFUSED_MSG = stop_engine.REFUSED_MSG
 STATE_FILE = core.DEADMAN_FILE
@@ -657,7 +657,7 @@ class Deadman(Watcher):
                 ended_at = core.parse_iso(status.get("ended_at"))
                 self.ended_mono = self.from_wall(ended_at, now) if ended_at is not None else now
             active, why_over = False, "job %s (exit %s)" % (state, status.get("exit_code"))
-        elif job_alive or (helper_alive and state in ACTIVE + ("stalled", None)):
+        elif job_alive or (helper_alive and state in ACTIVE + (None,)):
             active, why_over = True, None
             self.ended_mono = None
             self.ssh.reset()
