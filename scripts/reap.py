@@ -55,11 +55,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402
 
 RULES = ("budget", "done", "unwatched", "unreachable")
 WOULD_STOP = 10
 SSH_UNREACHABLE = 255
-TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted", "deadman_fired")
+TERMINAL = runrec.REPORTED_OVER   # run_status's words for a run that is over
 HEARTBEAT = "reap-heartbeat.json"
 LOCK = "reap.lock"
 HEARTBEAT_WARN_S = 24 * 3600

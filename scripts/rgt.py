@@ -123,6 +123,7 @@ NODE_SRC = os.path.join(HERE, "node")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, NODE_SRC)
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402  (the run's state words)
 
 DEFAULT_NODE_DIR = "~/rgt-bin"
 SSH_UNREACHABLE = 255
@@ -454,7 +455,7 @@ def ledger_runs(events):
         elif event.get("event") in ("launch", "resume") and event.get("state") == "launched":
             rec["gate"] = None  # a new attempt runs (and bills) again: an earlier gate PASS no longer covers it
         elif rec["gate"] == "PASS" and event.get("event") in ("status", "patrol") and (
-                event.get("state") in core.ACTIVE_RUN_STATES or
+                event.get("state") in runrec.REPORTED_ACTIVE or
                 (isinstance(attempt, int) and isinstance(rec.get("gated_attempt"), int) and
                  attempt > rec["gated_attempt"])):
             rec["gate"] = None  # the node says an attempt runs that the gate never saw: it bills again
@@ -886,7 +887,7 @@ def cmd_resume(args, ssh):
 
 PATROL_ESCALATE = 10
 PATROL_MARK = "@@rgt-exit "
-BAD_STATES = ("stalled", "failed", "sync_failed", "interrupted", "deadman_fired")
+BAD_STATES = ("stalled",) + tuple(w for w in runrec.REPORTED_OVER if w != "succeeded")
 
 
 def patrol_trip(args, ssh, jobs, read):

@@ -340,7 +340,7 @@ def op_init(args):
             "notify_events": notify_events(args.notify_events),
             "launch_argv": core.scrub_record(launch_argv)})
         write_outputs_list(run_dir, args.cwd, outputs)
-        core.atomic_write_json(run_path(run_dir, STATUS), {
+        runrec.init_attempt(run_dir, {
             "run_id": args.run_id, "state": "starting", "job_pid": None, "job_identity": None, "exit_code": None,
             "started_at": None, "ended_at": None, "updated_at": core.utc_iso(), "detach": args.detach,
             "launcher_pid": args.launcher_pid, "launcher_identity": core.process_identity(args.launcher_pid),

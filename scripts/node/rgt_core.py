@@ -55,8 +55,6 @@ STAMP_NAME = "VERSION.json"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 # The one status vocabulary. Check results use the first row; run states the second.
 OK, FAIL, REFUSED, STALE, WARN, SKIP = "OK", "FAIL", "REFUSED", "STALE", "WARN", "SKIP"
-RUN_STATES = ("starting", "running", "stalled", "syncing", "succeeded", "failed", "sync_failed",
-              "interrupted", "deadman_fired")  # runrec.STATES is the same set, with its subsets
 
 DEFAULT_MIN_FREE_INODES = 10000
 # The one disk floor a launch or a queue cell is refused below (GiB free), when neither the flag, DISK_FLOOR_GB
@@ -523,15 +521,6 @@ def load_json_strict(path, what="file"):
     if not isinstance(obj, dict):
         raise UsageError("%s %s is not a JSON object" % (what, path))
     return obj
-
-
-def update_json(path, **fields):
-    """Read-modify-write one JSON state file atomically, stamping updated_at."""
-    doc = read_json(path)
-    doc.update(fields)
-    doc["updated_at"] = utc_iso()
-    atomic_write_json(path, doc)
-    return doc
 
 
 # ---------------------------------------------------------------- processes
@@ -1038,7 +1027,6 @@ DEADMAN_FILE = "deadman.json"
 DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
-ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")  # == runrec.ACTIVE (a test holds them equal)
 
 
 def attempt_alive(status):
