@@ -158,7 +158,8 @@ def provider_state(box, opts):
 
 
 def status_trip(box, opts):
-    """(reachable, {rid: run_status dict}): one rgt.py patrol trip to the box for all its runs."""
+    """(reachable, {rid: run_status dict}): one rgt.py patrol trip to the box for all its runs; reachable is None
+    when patrol could place none of them (the alias now leads to another box than the ledger's)."""
     argv = [sys.executable, os.path.join(HERE, "rgt.py")] + opts.ssh_options + [
         "--json", "patrol", box["host"]] + sorted(box["runs"]) + ["--min-free-gb", "0"]
     try:
@@ -171,7 +172,10 @@ def status_trip(box, opts):
         doc = json.loads(res.stdout)
     except ValueError:
         return False, {}
-    return True, {r.get("run_id"): r.get("status") or {} for r in doc.get("runs") or []}
+    runs = {r.get("run_id"): r.get("status") or {} for r in doc.get("runs") or []}
+    if runs and all(str(st.get("reason", "")).startswith("cannot locate") for st in runs.values()):
+        return None, {}       # ssh now reaches another box than the ledger's: nothing was asked, nothing known
+    return True, runs
 
 
 # ---------------------------------------------------------------- the rules
@@ -193,6 +197,8 @@ def decide(box, reachable, statuses, now, opts):
     if spent and not any(healthy(rid) for rid in runs if rid not in spent):
         return "budget", "run %s passed its budget deadline (%s)" % (
             spent[0], core.utc_iso(budget_deadline(runs[spent[0]]))), False
+    if reachable is None:
+        return None, "its runs cannot be placed on the box this alias reaches now (a changed ssh config?)", False
     if reachable:
         ended = {rid: (statuses.get(rid) or {}).get("status") in TERMINAL for rid in runs}
         gated = {rid: runs[rid].get("gate") == "PASS" for rid in runs}
@@ -232,7 +238,10 @@ def decide(box, reachable, statuses, now, opts):
 def reaps_since_reachable(box):
     rows = []
     for row in box["reaps"]:
-        rows = [] if row.get("reachable") else rows + [row]
+        if row.get("reachable") is True:
+            rows = []
+        elif row.get("reachable") is False:      # None: the alias led elsewhere, says nothing of this box
+            rows.append(row)
     return rows
 
 
@@ -318,6 +327,8 @@ def reap(opts):
             d["reachable"] = reachable
             rule, why, notice_only = decide(box, reachable, statuses, now, opts)
             d["rule"], d["why"] = rule, why
+            if reachable is None and not rule:
+                d["action"], code = "unknown", max(code, 1)
             row = {"event": "reap", "host": box["host"], "box": box["box"], "reachable": reachable,
                    "provider_state": state, "rule": rule}
             if rule and notice_only:
