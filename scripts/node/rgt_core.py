@@ -63,6 +63,11 @@ DEFAULT_MIN_FREE_INODES = 10000
 DEFAULT_DISK_FLOOR_GB = 10.0
 DEFAULTS = {"disk_floor_gb": DEFAULT_DISK_FLOOR_GB, "min_free_inodes": DEFAULT_MIN_FREE_INODES}
 DEFAULT_STALL_MINUTES = 30.0
+# The one run-id rule (finding D4): the launch, the laptop, the manifest and both schemas (manifest.schema.json,
+# job_request.schema.json) use this pattern; run_one.sh spells it in bash and a test holds the copies equal.
+RUN_ID_MAX = 100
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,%d}$" % (RUN_ID_MAX - 1)
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
 
 
