@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import NODE, need_root
+from conftest import NODE, missing, need_root
 from test_deadman import (REFUSED, arm_fg, calls_of, destructive, evidence, make_run, make_sync, read, record_pull,
                           stand_in, torch_like)
 
@@ -106,7 +106,7 @@ def tmpfs(tmp_path):
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(point)], capture_output=True,
                          text=True, timeout=30)
     if res.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here: %s" % res.stderr.strip())
+        missing("mounting a tmpfs as the persistent filesystem failed: %s" % res.stderr.strip())
     try:
         yield point
     finally:
