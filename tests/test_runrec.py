@@ -166,6 +166,14 @@ def test_finding_review_D2_one_activity_rule_as_a_table(case, doc, rows, same_ho
     assert act["resuming"] is False
 
 
+def test_finding_review_D2_the_gates_copy_of_the_rule_agrees():
+    """rgt_core.attempt_alive travels alone to the node for the teardown gate: it answers as activity() does, so a
+    starting launch (its launcher alive) is live to the gate too."""
+    for case, doc, rows, same_host, _job, _sup, _launcher, alive in ACTIVITY:
+        if same_host:
+            assert core.attempt_alive(doc, Table(rows)) == alive, case
+
+
 def test_finding_review_D2_callers_use_the_one_rule():
     """Every node module that asks "is the run alive" goes through runrec.activity (through liveness/is_active),
     none composes record_alive over the roles by itself."""

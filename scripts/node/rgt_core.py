@@ -1034,10 +1034,13 @@ DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
 
-def attempt_alive(status):
-    """Whether the supervisor or the job a status.json records is still that same process."""
-    return bool(record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-                or record_alive(status.get("job_identity"), status.get("job_pid")))
+def attempt_alive(status, procs=HERE):
+    """Whether the job, supervisor or launcher a status.json records is still that same process: runrec.activity's
+    rule (a test holds them equal), here for the teardown gate's run_activity, which travels without runrec."""
+    started = parse_iso(status.get("started_at"))
+    return any(record_alive(status.get(role + "_identity"), status.get(role + "_pid"), started, procs)
+               for role in ("job", "supervisor", "launcher")
+               if status.get(role + "_pid") or isinstance(status.get(role + "_identity"), dict))
 
 
 def lock_held(path, exclusive=False):
