@@ -224,6 +224,9 @@ def test_finding_review_D3_the_state_words_are_defined_once():
                 if len(words & set(runrec.REPORTED)) >= 3:
                     copies.append("%s:%d" % (path.name, node.lineno))
     assert copies == [], copies
+    # the shell's copy (reap_vram_zombies.sh cannot import): the same active states
+    shell = re.search(r'"state" \*: \*"\(([a-z_|]+)\)"', (NODE / "reap_vram_zombies.sh").read_text())
+    assert shell and tuple(shell.group(1).split("|")) == runrec.ACTIVE
 
 
 # ---------------------------------------------------------------- D4: one run-id rule, one layout
