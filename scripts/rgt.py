@@ -502,9 +502,8 @@ def run_paths(args, rid, profile=None):
 
 
 def check_run_id(rid):
-    import re
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", rid or ""):
-        raise core.UsageError("run id %r: letters, digits, '.', '_' and '-' only (max 100)" % rid)
+    if not core.RUN_ID_RE.match(rid or ""):   # the one rule, shared with the node and the schemas (review D4)
+        raise core.UsageError("run id %r: letters, digits, '.', '_' and '-' only (max %d)" % (rid, core.RUN_ID_MAX))
     return rid
 
 
@@ -669,9 +668,10 @@ def cmd_launch(args, ssh):
     options, budget = launch_budget(args, options)
     argv = [Raw("RGT_PYTHON=" + node_python(args)), "bash", node_tool(args, "run_one.sh"), "--profile", profile,
             "--run-id", rid, "--run-dir", run_dir]
-    if args.durable_dir:
-        argv += ["--durable-dir", args.durable_dir]
-    argv += options + ["--"] + job
+    durable = args.durable_dir or run_dir.rsplit("/runs/", 1)[0]
+    argv += ["--durable-dir", durable]   # never a DURABLE_DIR of the node's environment: pull and gate look here
+    node_json = "--json" not in options  # the node answers where the run went (review D4): recorded as given
+    argv += options + (["--json"] if node_json else []) + ["--"] + job
     ledger_writable(ledger_path(args.ledger))   # before the node acts: a launch never runs unrecorded
     import reap
     reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
@@ -685,6 +685,10 @@ def cmd_launch(args, ssh):
     res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
+    answer = node_answer(out)
+    run_dir, results_dir = answer.get("run_dir") or run_dir, answer.get("results_dir") or results_dir
+    if answer and node_json:
+        out = launch_text(answer)
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
               "budget": budget["note"],
               "watch": again(args, "status", args.host, rid), "eta": "unknown until the "
@@ -700,21 +704,32 @@ def cmd_launch(args, ssh):
     report(args, fields, human if ok else "%s launch of %s exited %d" % (core.FAIL, rid, res.returncode))
     sys.stdout.flush()
     record(args, event="launch", run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir,
-           state="launched" if ok else "launch_failed", rc=res.returncode, attempt=launched_attempt(out),
-           **budget["ledger"])
+           state="launched" if ok else "launch_failed", rc=res.returncode,
+           attempt=answer.get("attempt") if isinstance(answer.get("attempt"), int) else None, **budget["ledger"])
     return res.returncode
 
 
-def launched_attempt(out):
-    """The attempt number run_one.sh reported ("attempt:  N", or "attempt" in its --json), else None."""
+def node_answer(out):
+    """run_one.sh --json's launch report (the node's own run_dir, results_dir, attempt), or {} when the node
+    printed none (it refused before the report)."""
     try:
         doc = json.loads(out)
-        if isinstance(doc, dict) and isinstance(doc.get("attempt"), int):
-            return doc["attempt"]
     except ValueError:
-        pass
-    found = re.search(r"^attempt:\s+(\d+)\s*$", out, re.M)
-    return int(found.group(1)) if found else None
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if not (k in ("run_dir", "results_dir") and not isinstance(v, str))}
+
+
+def launch_text(answer):
+    """The node's launch report as run_one.sh prints it without --json."""
+    import launcher
+    lines = launcher.report_text(answer)
+    final = answer.get("final") if isinstance(answer.get("final"), dict) else None
+    if final:
+        lines += "finished: state %s, job exit code %s\n" % (final.get("state") or "?", "?" if
+                                                             final.get("exit_code") is None else final["exit_code"])
+    return lines
 
 
 def ledger_attempt(args, rid):

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import NODE, need_root
+from conftest import NODE, missing, need_root
 from test_deadman import (REFUSED, arm_fg, calls_of, destructive, evidence, make_run, make_sync, read, record_pull,
                           stand_in, torch_like)
 
@@ -105,7 +105,8 @@ def tmpfs(tmp_path):
     point.mkdir(parents=True)
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(point)], capture_output=True,
                          text=True, timeout=30)
-    assert res.returncode == 0, "root, yet a tmpfs cannot be mounted here: %s" % res.stderr.strip()
+    if res.returncode != 0:
+        missing("mounting a tmpfs as the persistent filesystem failed: %s" % res.stderr.strip())
     try:
         yield point
     finally:

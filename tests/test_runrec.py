@@ -166,6 +166,14 @@ def test_finding_review_D2_one_activity_rule_as_a_table(case, doc, rows, same_ho
     assert act["resuming"] is False
 
 
+def test_finding_review_D2_the_gates_copy_of_the_rule_agrees():
+    """rgt_core.attempt_alive travels alone to the node for the teardown gate: it answers as activity() does, so a
+    starting launch (its launcher alive) is live to the gate too."""
+    for case, doc, rows, same_host, _job, _sup, _launcher, alive in ACTIVITY:
+        if same_host:
+            assert core.attempt_alive(doc, Table(rows)) == alive, case
+
+
 def test_finding_review_D2_callers_use_the_one_rule():
     """Every node module that asks "is the run alive" goes through runrec.activity (through liveness/is_active),
     none composes record_alive over the roles by itself."""
@@ -216,3 +224,37 @@ def test_finding_review_D3_the_state_words_are_defined_once():
                 if len(words & set(runrec.REPORTED)) >= 3:
                     copies.append("%s:%d" % (path.name, node.lineno))
     assert copies == [], copies
+    # the shell's copy (reap_vram_zombies.sh cannot import): the same active states
+    shell = re.search(r'"state" \*: \*"\(([a-z_|]+)\)"', (NODE / "reap_vram_zombies.sh").read_text())
+    assert shell and tuple(shell.group(1).split("|")) == runrec.ACTIVE
+
+
+# ---------------------------------------------------------------- D4: one run-id rule, one layout
+
+def test_finding_review_D4_one_run_id_rule_in_code_and_schemas(tmp_path):
+    import evidence
+    import launcher
+    for schema in (NODE / "manifest.schema.json", SCRIPTS / "job_request.schema.json"):
+        text = json.loads(schema.read_text())
+        assert text["properties"]["run_id"]["pattern"] == core.RUN_ID_PATTERN, schema.name
+    assert evidence.RUN_ID_RE is core.RUN_ID_RE and launcher.RUN_ID_RX is core.RUN_ID_RE
+    run_one = (NODE / "run_one.sh").read_text()
+    assert '=~ %s ]]' % core.RUN_ID_PATTERN in run_one and "(max %d)" % core.RUN_ID_MAX in run_one
+    longest = "r" * core.RUN_ID_MAX
+    assert core.RUN_ID_RE.match(longest) and not core.RUN_ID_RE.match(longest + "r")
+    # an explicit run id the rule refuses is bad input, never swapped for a generated one
+    res = subprocess.run([sys.executable, str(NODE / "launcher.py"), "prepare", "--run-id", "bad id!",
+                          "--durable-dir", str(tmp_path / "durable"), "--disk-floor-gb", "0", "--launcher-pid", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--run-id" in res.stderr and not (tmp_path / "durable").exists(), res.stderr
+
+
+def test_finding_review_D4_the_layout_is_derived_once_on_the_node(tmp_path):
+    lay = runrec.layout(str(tmp_path / "d"), "r1")
+    assert lay == {"runs_dir": str(tmp_path / "d" / "runs"), "run_dir": str(tmp_path / "d" / "runs" / "r1"),
+                   "results_dir": str(tmp_path / "d" / "results" / "r1")}
+    assert runrec.layout(None, "r1", "/x/r1")["results_dir"] == "/x/r1/results"
+    # the node modules ask runrec where the results are: no module joins "results" to a run dir by itself
+    joins = [p.name for p in NODE.glob("*.py") if p.name != "runrec.py"
+             and re.search(r'(?:run_path|os\.path\.join)\(run_dir, "results"\)', p.read_text())]
+    assert joins == [], joins

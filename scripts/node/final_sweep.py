@@ -100,7 +100,7 @@ def saved_elsewhere(run_dirs_list):
     index = {}
     for run_dir in run_dirs_list:
         run = core.read_json(os.path.join(run_dir, "run.json"))
-        results = run.get("results_dir") or os.path.join(run_dir, "results")
+        results = runrec.results_dir(run_dir, run)
         doc = core.read_json(os.path.join(results, evidence.MANIFEST_NAME))
         for entry in doc.get("files") or []:
             if isinstance(entry, dict) and isinstance(entry.get("sha256"), str):
@@ -163,7 +163,7 @@ def check(run_dir, args, notes=None):
     """-> (run, status, results, manifest, problems that a sync could fix, conflicts no sync may touch)."""
     run = core.read_json(os.path.join(run_dir, "run.json"))
     status = core.read_json(os.path.join(run_dir, "status.json"))
-    results = run.get("results_dir") or os.path.join(run_dir, "results")
+    results = runrec.results_dir(run_dir, run)
     manifest, problems = durable_problems(results, args.jobs)
     conflicts = []
     if manifest is not None and not problems:

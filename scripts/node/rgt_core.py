@@ -63,6 +63,11 @@ DEFAULT_MIN_FREE_INODES = 10000
 DEFAULT_DISK_FLOOR_GB = 10.0
 DEFAULTS = {"disk_floor_gb": DEFAULT_DISK_FLOOR_GB, "min_free_inodes": DEFAULT_MIN_FREE_INODES}
 DEFAULT_STALL_MINUTES = 30.0
+# The one run-id rule (finding D4): the launch, the laptop, the manifest and both schemas (manifest.schema.json,
+# job_request.schema.json) use this pattern; run_one.sh spells it in bash and a test holds the copies equal.
+RUN_ID_MAX = 100
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,%d}$" % (RUN_ID_MAX - 1)
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
 
 
@@ -1029,10 +1034,13 @@ DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
 
-def attempt_alive(status):
-    """Whether the supervisor or the job a status.json records is still that same process."""
-    return bool(record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-                or record_alive(status.get("job_identity"), status.get("job_pid")))
+def attempt_alive(status, procs=HERE):
+    """Whether the job, supervisor or launcher a status.json records is still that same process: runrec.activity's
+    rule (a test holds them equal), here for the teardown gate's run_activity, which travels without runrec."""
+    started = parse_iso(status.get("started_at"))
+    return any(record_alive(status.get(role + "_identity"), status.get(role + "_pid"), started, procs)
+               for role in ("job", "supervisor", "launcher")
+               if status.get(role + "_pid") or isinstance(status.get(role + "_identity"), dict))
 
 
 def lock_held(path, exclusive=False):

@@ -71,10 +71,22 @@ def path(run_dir, name=STATUS):
     return os.path.join(run_dir, name)
 
 
-def layout(durable_dir, run_id):
-    """{"runs_dir", "run_dir", "results_dir"}: where a run lives under a durable dir."""
-    return {"runs_dir": os.path.join(durable_dir, "runs"), "run_dir": os.path.join(durable_dir, "runs", run_id),
-            "results_dir": os.path.join(durable_dir, "results", run_id)}
+def layout(durable_dir, run_id, run_dir=None):
+    """{"runs_dir", "run_dir", "results_dir"}: where a run lives, derived here only (finding D4). Under a durable
+    dir: DURABLE/runs/RID and DURABLE/results/RID (an explicit RUN_DIR wins for the run dir). Without one, the
+    results go to RUN_DIR/results, only as durable as the run dir."""
+    if durable_dir:
+        runs = os.path.join(durable_dir, "runs")
+        return {"runs_dir": runs, "run_dir": run_dir or os.path.join(runs, run_id),
+                "results_dir": os.path.join(durable_dir, "results", run_id)}
+    return {"runs_dir": os.path.dirname(run_dir), "run_dir": run_dir, "results_dir": os.path.join(run_dir, "results")}
+
+
+def results_dir(run_dir, run=None):
+    """Where RUN_DIR's results are: run.json results_dir (what the launch derived), else the layout's fallback."""
+    run = run if isinstance(run, dict) else core.read_json(path(run_dir, RUN))
+    found = run.get("results_dir")
+    return found if isinstance(found, str) and found else layout(None, run.get("run_id"), run_dir)["results_dir"]
 
 
 # ---------------------------------------------------------------- reading
