@@ -98,9 +98,10 @@ Push and pull say which ran. The node folder gets the toolkit plus profiles/inde
 every file matches the version stamp; the command prints the version the node now runs.
 
 Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
-may be missing a run); 2 usage or bad input (launch, resume: also a ledger that cannot be written, checked
+may be missing a run); 2 usage or bad input (resume: also a ledger that cannot be written, checked
 before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
-fired, ...); 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool with them and
+fired, ...); 12 launch refused: the ledger cannot record it (read-only, full disk), so nothing was
+started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool with them and
 exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
 """
 import os
@@ -671,7 +672,6 @@ def cmd_launch(args, ssh):
     if args.durable_dir:
         argv += ["--durable-dir", args.durable_dir]
     argv += options + ["--"] + job
-    ledger_writable(ledger_path(args.ledger))   # before the node acts: a launch never runs unrecorded
     import reap
     reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
     if reaper:           # only a launch that names its instance can be reaped
@@ -681,6 +681,7 @@ def cmd_launch(args, ssh):
         sys.stderr.write("WARN %d job argument(s) hold a URL credential (user:password@ or a signed query): the "
                          "node records the command (run.json, job.log); pass it through an environment file or "
                          "a 0600 file the job reads instead\n" % len(secrets))
+    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
@@ -702,6 +703,28 @@ def cmd_launch(args, ssh):
            state="launched" if ok else "launch_failed", rc=res.returncode, attempt=launched_attempt(out),
            **budget["ledger"])
     return res.returncode
+
+
+LEDGER_REFUSED = 12
+
+
+class LedgerRefused(core.UsageError):
+    """The ledger cannot record a launch: nothing starts on the node (exit LEDGER_REFUSED)."""
+
+
+def pending_row(args, **fields):
+    """The launch's first ledger row (launch_pending, state launching), written BEFORE the node acts: a ledger
+    that cannot take it (read-only, or a full disk, which a writability check cannot see) refuses the launch,
+    so no run ever bills unlisted; a later row lost to a disk that filled meanwhile leaves this one listing it."""
+    path = ledger_path(args.ledger)
+    address, machine = box_of(args)
+    try:
+        ledger_append(path, event="launch_pending", host=args.host, box=address, state="launching",
+                      **dict(fields, **({"machine_id": machine} if machine else {})))
+    except OSError as exc:
+        raise LedgerRefused("the run ledger %s cannot be written (%s): nothing was started on %s; free space there, "
+                            "or pass --ledger FILE (or set XDG_STATE_HOME) to a writable place"
+                            % (path, exc.strerror or exc, args.host))
 
 
 def launched_attempt(out):
@@ -1430,6 +1453,9 @@ def dispatch(argv, early, used):
     except Unreachable as exc:
         core.say_error(str(exc), "rgt.py")
         return SSH_UNREACHABLE
+    except LedgerRefused as exc:
+        core.say_error(str(exc), "rgt.py")
+        return LEDGER_REFUSED
     finally:
         ssh.close()   # one connection per command: the master ends with it
 

@@ -190,3 +190,31 @@ def test_finding_laptop_L16_notify_setup_refuses_a_config_path_under_a_durable_o
     # a path outside them goes on to the node (here: no node, so ssh's own 255)
     res = setup("~/.config/rgt/notify.json")
     assert res.returncode == 255 and "durable or results dir" not in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- round-4 residual: a launch on a full laptop disk
+
+def full_disk(size):
+    """A preexec_fn: no file may grow past SIZE bytes, as on a full disk (the write comes back short)."""
+    def apply():
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return apply
+
+
+def test_finding_laptop_round4_residual_a_launch_the_ledger_cannot_record_never_starts(tmp_path, sshd_server):  # noqa: F811,E501
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    pushed(tmp_path, sshd_server)
+    ledger = tmp_path / "ledger.jsonl"
+    before = ledger.read_bytes()
+    base = [sys.executable, str(RGT), "--ssh-config", str(sshd_server.config), "--node-dir",
+            str(tmp_path / "node-bin"), "--ledger", str(ledger)]
+    res = subprocess.run(base + ["launch", "gpu-box", "--profile", "local", "--run-id", "torn3", "--durable-dir",
+                                 str(durable), "--cwd", str(work), "--", "--no-deadman", "--", "python3", "-c", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         preexec_fn=full_disk(len(before)))   # the ledger's folder is writable; its disk is full
+    assert res.returncode == 12, res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1 and "nothing was started on gpu-box" in res.stderr, res.stderr
+    assert not (durable / "runs" / "torn3").exists() and not work.exists()   # the node never acted
+    assert ledger.read_bytes() == before                                     # and no torn row is left
