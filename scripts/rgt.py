@@ -101,8 +101,8 @@ Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn r
 may be missing a run); 2 usage or bad input (resume: also a ledger that cannot be written, checked
 before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
 fired, ...); 12 launch refused: the ledger cannot record it (read-only, full disk), so nothing was
-started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool with them and
-exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
+started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool
+with them and exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
 """
 import os
 import subprocess

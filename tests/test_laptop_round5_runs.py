@@ -51,7 +51,8 @@ def pushed(tmp_path, server):
 
 # ---------------------------------------------------------------- L12: patrol and a run it cannot place
 
-def test_finding_laptop_L12_patrol_reports_a_run_it_cannot_locate_and_checks_the_others(tmp_path, sshd_server):  # noqa: F811,E501
+def test_finding_laptop_L12_patrol_reports_a_run_it_cannot_place_and_checks_the_others(
+        tmp_path, sshd_server):  # noqa: F811
     durable = tmp_path / "durable"
     pushed(tmp_path, sshd_server)
     quick_run(tmp_path, sshd_server, "ok1", durable)
@@ -170,10 +171,11 @@ def test_finding_laptop_L13_a_killed_pull_ends_its_child_and_leaves_a_ledger_row
 def test_finding_laptop_L16_notify_setup_refuses_a_config_path_under_a_durable_or_results_dir(tmp_path):
     ledger = tmp_path / "ledger.jsonl"
     pulled = tmp_path / "pulled"
-    ledger.write_text("".join(json.dumps(dict(r, host="gpu", time="2026-12-05T10:00:0%dZ" % i)) + "\n" for i, r in enumerate([
-        {"event": "launch", "run_id": "sec2", "profile": "vastai", "state": "launched", "attempt": 1,
-         "run_dir": "~/rgt/runs/sec2", "results_dir": "~/rgt/results/sec2"},
-        {"event": "pull", "run_id": "sec2", "dest": str(pulled), "state": "pulled"}])))
+    events = [{"event": "launch", "run_id": "sec2", "profile": "vastai", "state": "launched", "attempt": 1,
+               "run_dir": "~/rgt/runs/sec2", "results_dir": "~/rgt/results/sec2"},
+              {"event": "pull", "run_id": "sec2", "dest": str(pulled), "state": "pulled"}]
+    ledger.write_text("".join(json.dumps(dict(r, host="gpu", time="2026-12-05T10:00:0%dZ" % i)) + "\n"
+                              for i, r in enumerate(events)))
     src = tmp_path / "n.json"
     src.write_text(json.dumps({"targets": [{"type": "ntfy", "url": "https://ntfy.example/topic"}]}))
     src.chmod(0o600)
@@ -203,7 +205,8 @@ def full_disk(size):
     return apply
 
 
-def test_finding_laptop_round4_residual_a_launch_the_ledger_cannot_record_never_starts(tmp_path, sshd_server):  # noqa: F811,E501
+def test_finding_laptop_round4_residual_a_launch_the_ledger_cannot_record_never_starts(
+        tmp_path, sshd_server):  # noqa: F811
     durable, work = tmp_path / "durable", tmp_path / "work"
     pushed(tmp_path, sshd_server)
     ledger = tmp_path / "ledger.jsonl"
