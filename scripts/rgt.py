@@ -596,13 +596,15 @@ def node_tool(args, name):
 
 
 def node_python(args):
-    """The node's interpreter as one shell word: the real one `push` recorded (a pyenv or conda shim costs
-    0.2-0.3 s a call, most of a status round trip), else python3 when that record is missing or stale. The
-    tools that import nothing beyond the toolkit run with -S (no site-packages scan: 20-30 ms where a .pth
-    file imports something)."""
-    record_path = remote_word(node_tool(args, core.INTERPRETER_FILE))
-    return Raw('"$( { read -r p < %s && [ -x "$p" ] && printf %%s "$p"; } 2>/dev/null || printf python3)"'
-               % record_path)
+    """The node's interpreter as one shell word: the real one `push` recorded for THIS box (a pyenv or conda
+    shim costs 0.2-0.3 s a call, most of a status round trip), else python3 when that record is missing or
+    stale. The record is per box (rgt_core.interpreter_record_name: a shared NFS home holds one per box) and
+    the interpreter is run once (-S -c '') before it is used: a path another box wrote, or one gone since,
+    falls back to python3 (finding_field_N14). The tools that import nothing beyond the toolkit run with -S
+    (no site-packages scan: 20-30 ms where a .pth file imports something)."""
+    record_path = remote_word(args.node_dir) + '/%s-"$n-$m"' % core.INTERPRETER_FILE
+    return Raw('"$( %s; { read -r p < %s && [ -x "$p" ] && "$p" -S -c "" >/dev/null && printf %%s "$p"; } </dev/null '
+               '2>/dev/null || printf python3)"' % (core.BOX_KEY_SHELL, record_path))
 
 
 def node_json(args, ssh, argv, what, timeout, limit=ANSWER_MAX):

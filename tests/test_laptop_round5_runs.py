@@ -221,3 +221,34 @@ def test_finding_laptop_round4_residual_a_launch_the_ledger_cannot_record_never_
     assert res.stderr.count("\n") == 1 and "nothing was started on gpu-box" in res.stderr, res.stderr
     assert not (durable / "runs" / "torn3").exists() and not work.exists()   # the node never acted
     assert ledger.read_bytes() == before                                     # and no torn row is left
+
+
+# ---------------------------------------------------------------- N14: the interpreter record, per box
+
+def test_finding_field_N14_the_recorded_interpreter_is_per_box_and_run_before_use(tmp_path, sshd_server):  # noqa: F811
+    sys.path.insert(0, str(NODE))
+    import rgt_core as core
+    node_bin = tmp_path / "node-bin"
+    pushed(tmp_path, sshd_server)
+    mine = node_bin / core.interpreter_record_name()
+    assert mine.is_file() and os.access(mine.read_text().strip(), os.X_OK), "push records this box's interpreter"
+    log = tmp_path / "starts.log"
+
+    def interpreter(name, code):
+        path = tmp_path / name
+        path.write_text('#!/bin/sh\necho "%s $*" >> %s\n%s\n' % (name, log, code))
+        path.chmod(0o755)
+        return path
+    # another box on the same NFS home pushed last: its records (the old shared name, and its own key) name an
+    # interpreter that exists here too, so only the key tells them apart
+    other = interpreter("other-box-python", 'exec %s "$@"' % sys.executable)
+    (node_bin / core.INTERPRETER_FILE).write_text("%s\n" % other)
+    (node_bin / ("%s-otherbox-0123456789ab" % core.INTERPRETER_FILE)).write_text("%s\n" % other)
+    res = rgt(tmp_path, sshd_server, "probe", "gpu-box")
+    assert res.returncode in (0, 3), res.stdout + res.stderr        # 3: the box misses a gate; it ran here
+    assert not log.exists(), "another box's interpreter ran here: %s" % log.read_text()
+    # this box's record names an interpreter that no longer runs (a venv removed since): checked, python3 instead
+    mine.write_text("%s\n" % interpreter("stale-python", "exit 127"))
+    res = rgt(tmp_path, sshd_server, "probe", "gpu-box")
+    assert res.returncode in (0, 3) and "node_probe" not in log.read_text(), res.stdout + res.stderr + log.read_text()
+    assert log.read_text().startswith("stale-python -S -c"), log.read_text()   # it was run, as the check
