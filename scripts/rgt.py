@@ -683,6 +683,12 @@ def cmd_launch(args, ssh):
         sys.stderr.write("WARN %d job argument(s) hold a URL credential (user:password@ or a signed query): the "
                          "node records the command (run.json, job.log); pass it through an environment file or "
                          "a 0600 file the job reads instead\n" % len(secrets))
+    if not any(o.split("=", 1)[0] in ("--resume-glob", "--resume-arg") for o in options):
+        # said now, while the launch can still change: later, a restart's results replace this attempt's (N18)
+        sys.stderr.write("WARN no resume adapter (--resume-glob/--resume-arg): unless the job resumes by itself, "
+                         "a resume after a preemption or failure restarts it from step 0, and its results then "
+                         "supersede this attempt's (resume --force-restart keeps them on the node as a "
+                         "generation)\n")
     pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
     out, err = text(res.stdout), text(res.stderr)

@@ -252,3 +252,31 @@ def test_finding_field_N14_the_recorded_interpreter_is_per_box_and_run_before_us
     res = rgt(tmp_path, sshd_server, "probe", "gpu-box")
     assert res.returncode in (0, 3) and "node_probe" not in log.read_text(), res.stdout + res.stderr + log.read_text()
     assert log.read_text().startswith("stale-python -S -c"), log.read_text()   # it was run, as the check
+
+
+# ---------------------------------------------------------------- N18: what a running run, a launch and a failure say
+
+WAITING_JOB = "import os, time\nprint('step 1/2', flush=True)\nwhile not os.path.exists('go'): time.sleep(0.05)\n"
+
+
+def test_finding_field_N18_a_pull_of_a_running_run_says_still_running(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    pushed(tmp_path, sshd_server)
+    try:
+        res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "live1",
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--", "python3", "-c", WAITING_JOB)
+        assert res.returncode == 0, res.stdout + res.stderr
+        # a launch without resume adapters says what a restart would do to its results
+        assert "WARN no resume adapter" in res.stderr and "supersede" in res.stderr, res.stderr
+        assert wait_for(lambda: rgt(tmp_path, sshd_server, "status", "gpu-box", "live1").returncode == 4, 120)
+        pull = rgt(tmp_path, sshd_server, "pull", "gpu-box", "live1", "--dest", tmp_path / "pulled")
+        assert pull.returncode == 1, pull.stdout + pull.stderr
+        assert "still running" in pull.stdout and "could not be fetched" not in pull.stdout, pull.stdout
+    finally:
+        (work / "go").write_text("")
+    assert wait_for(lambda: rgt(tmp_path, sshd_server, "status", "gpu-box", "live1").returncode in (0, 1), 120)
+    adapted = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "live2",
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--wait", "--resume-glob",
+                  "ckpt/*", "--resume-arg", "--resume {}", "--", "python3", "-c", "1")
+    assert adapted.returncode == 0 and "WARN no resume adapter" not in adapted.stderr, adapted.stderr
