@@ -280,3 +280,36 @@ def test_finding_field_N18_a_pull_of_a_running_run_says_still_running(tmp_path, 
                   "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--wait", "--resume-glob",
                   "ckpt/*", "--resume-arg", "--resume {}", "--", "python3", "-c", "1")
     assert adapted.returncode == 0 and "WARN no resume adapter" not in adapted.stderr, adapted.stderr
+
+
+def test_finding_field_N18_a_failed_message_always_says_why(tmp_path):
+    """The supervisor's `failed` message for a run stopped from outside (a cap, a preemption: here its forwarded
+    SIGTERM) and for a job that exited non-zero names the reason; no field reads null."""
+    from conftest import webhook_target
+    server, heard, values = webhook_target(tmp_path, "a-long-enough-test-secret")
+    env = dict(os.environ, **values)
+    work, durable = tmp_path / "work", tmp_path / "durable"
+    work.mkdir()
+    base = ["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir", str(durable),
+            "--disk-floor-gb", "0", "--no-deadman"]
+    try:
+        res = subprocess.run(base + ["--run-id", "bad", "--wait", "--", "sh", "-c", "exit 3"], cwd=str(work),
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert "finished:" in res.stdout, res.stdout + res.stderr
+        res = subprocess.run(base + ["--run-id", "cut", "--", "python3", "-c", WAITING_JOB], cwd=str(work),
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        status = durable / "runs" / "cut" / "status.json"
+        assert wait_for(lambda: json.loads(status.read_text()).get("state") == "running", 60)
+        os.kill(json.loads(status.read_text())["supervisor_pid"], signal.SIGTERM)   # a preemption's signal
+        assert wait_for(lambda: len([h for h in heard if h["event"] == "failed"]) == 2, 120), heard
+    finally:
+        (work / "go").write_text("")
+        server.shutdown()
+        server.server_close()
+    failed = {h["fields"]["run_id"]: h for h in heard if h["event"] == "failed"}
+    assert failed["bad"]["fields"]["reason"] == "the job exited with code 3", failed["bad"]
+    assert failed["cut"]["fields"]["state"] == "interrupted", failed["cut"]
+    assert failed["cut"]["fields"]["reason"].startswith("stopped by signal SIGTERM"), failed["cut"]
+    for message in failed.values():
+        assert "null" not in message["text"] and "n/a" not in message["text"], message["text"]
