@@ -296,6 +296,9 @@ def test_finding_field_N18_a_failed_message_always_says_why(tmp_path):
         res = subprocess.run(base + ["--run-id", "bad", "--wait", "--", "sh", "-c", "exit 3"], cwd=str(work),
                              capture_output=True, text=True, env=env, timeout=120)
         assert "finished:" in res.stdout, res.stdout + res.stderr
+        # the synced supervisor.log holds the supervisor's own account, not nothing
+        synced = (durable / "results" / "bad" / "logs" / "supervisor.log").read_text()
+        assert "job exited with code 3" in synced, synced
         res = subprocess.run(base + ["--run-id", "cut", "--", "python3", "-c", WAITING_JOB], cwd=str(work),
                              capture_output=True, text=True, env=env, timeout=120)
         assert res.returncode == 0, res.stdout + res.stderr
