@@ -98,10 +98,11 @@ Push and pull say which ran. The node folder gets the toolkit plus profiles/inde
 every file matches the version stamp; the command prints the version the node now runs.
 
 Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
-may be missing a run); 2 usage or bad input (launch, resume: also a ledger that cannot be written, checked
+may be missing a run); 2 usage or bad input (resume: also a ledger that cannot be written, checked
 before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
-fired, ...); 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool with them and
-exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
+fired, ...); 12 launch refused: the ledger cannot record it (read-only, full disk), so nothing was
+started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool
+with them and exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
 """
 import os
 import subprocess
@@ -595,13 +596,15 @@ def node_tool(args, name):
 
 
 def node_python(args):
-    """The node's interpreter as one shell word: the real one `push` recorded (a pyenv or conda shim costs
-    0.2-0.3 s a call, most of a status round trip), else python3 when that record is missing or stale. The
-    tools that import nothing beyond the toolkit run with -S (no site-packages scan: 20-30 ms where a .pth
-    file imports something)."""
-    record_path = remote_word(node_tool(args, core.INTERPRETER_FILE))
-    return Raw('"$( { read -r p < %s && [ -x "$p" ] && printf %%s "$p"; } 2>/dev/null || printf python3)"'
-               % record_path)
+    """The node's interpreter as one shell word: the real one `push` recorded for THIS box (a pyenv or conda
+    shim costs 0.2-0.3 s a call, most of a status round trip), else python3 when that record is missing or
+    stale. The record is per box (rgt_core.interpreter_record_name: a shared NFS home holds one per box) and
+    the interpreter is run once (-S -c '') before it is used: a path another box wrote, or one gone since,
+    falls back to python3 (finding_field_N14). The tools that import nothing beyond the toolkit run with -S
+    (no site-packages scan: 20-30 ms where a .pth file imports something)."""
+    record_path = remote_word(args.node_dir) + '/%s-"$n-$m"' % core.INTERPRETER_FILE
+    return Raw('"$( %s; { read -r p < %s && [ -x "$p" ] && "$p" -S -c "" >/dev/null && printf %%s "$p"; } </dev/null '
+               '2>/dev/null || printf python3)"' % (core.BOX_KEY_SHELL, record_path))
 
 
 def node_json(args, ssh, argv, what, timeout, limit=ANSWER_MAX):
@@ -672,7 +675,6 @@ def cmd_launch(args, ssh):
     argv += ["--durable-dir", durable]   # never a DURABLE_DIR of the node's environment: pull and gate look here
     node_json = "--json" not in options  # the node answers where the run went (review D4): recorded as given
     argv += options + (["--json"] if node_json else []) + ["--"] + job
-    ledger_writable(ledger_path(args.ledger))   # before the node acts: a launch never runs unrecorded
     import reap
     reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
     if reaper:           # only a launch that names its instance can be reaped
@@ -682,6 +684,20 @@ def cmd_launch(args, ssh):
         sys.stderr.write("WARN %d job argument(s) hold a URL credential (user:password@ or a signed query): the "
                          "node records the command (run.json, job.log); pass it through an environment file or "
                          "a 0600 file the job reads instead\n" % len(secrets))
+    if not any(o.split("=", 1)[0] in ("--resume-glob", "--resume-arg") for o in options):
+        # said now, while the launch can still change: later, a restart's results replace this attempt's (N18)
+        sys.stderr.write("WARN no resume adapter (--resume-glob/--resume-arg): unless the job resumes by itself, "
+                         "a resume after a preemption or failure restarts it from step 0, and its results then "
+                         "supersede this attempt's (resume --force-restart keeps them on the node as a "
+                         "generation)\n")
+    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
+    if not any(o.split("=", 1)[0] in ("--resume-glob", "--resume-arg") for o in options):
+        # said now, while the launch can still change: later, a restart's results replace this attempt's (N18)
+        sys.stderr.write("WARN no resume adapter (--resume-glob/--resume-arg): unless the job resumes by itself, "
+                         "a resume after a preemption or failure restarts it from step 0, and its results then "
+                         "supersede this attempt's (resume --force-restart keeps them on the node as a "
+                         "generation)\n")
+    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
@@ -707,6 +723,28 @@ def cmd_launch(args, ssh):
            state="launched" if ok else "launch_failed", rc=res.returncode,
            attempt=answer.get("attempt") if isinstance(answer.get("attempt"), int) else None, **budget["ledger"])
     return res.returncode
+
+
+LEDGER_REFUSED = 12
+
+
+class LedgerRefused(core.UsageError):
+    """The ledger cannot record a launch: nothing starts on the node (exit LEDGER_REFUSED)."""
+
+
+def pending_row(args, **fields):
+    """The launch's first ledger row (launch_pending, state launching), written BEFORE the node acts: a ledger
+    that cannot take it (read-only, or a full disk, which a writability check cannot see) refuses the launch,
+    so no run ever bills unlisted; a later row lost to a disk that filled meanwhile leaves this one listing it."""
+    path = ledger_path(args.ledger)
+    address, machine = box_of(args)
+    try:
+        ledger_append(path, event="launch_pending", host=args.host, box=address, state="launching",
+                      **dict(fields, **({"machine_id": machine} if machine else {})))
+    except OSError as exc:
+        raise LedgerRefused("the run ledger %s cannot be written (%s): nothing was started on %s; free space there, "
+                            "or pass --ledger FILE (or set XDG_STATE_HOME) to a writable place"
+                            % (path, exc.strerror or exc, args.host))
 
 
 def node_answer(out):
@@ -1446,6 +1484,9 @@ def dispatch(argv, early, used):
     except Unreachable as exc:
         core.say_error(str(exc), "rgt.py")
         return SSH_UNREACHABLE
+    except LedgerRefused as exc:
+        core.say_error(str(exc), "rgt.py")
+        return LEDGER_REFUSED
     finally:
         ssh.close()   # one connection per command: the master ends with it
 

@@ -51,7 +51,8 @@ def pushed(tmp_path, server):
 
 # ---------------------------------------------------------------- L12: patrol and a run it cannot place
 
-def test_finding_laptop_L12_patrol_reports_a_run_it_cannot_locate_and_checks_the_others(tmp_path, sshd_server):  # noqa: F811,E501
+def test_finding_laptop_L12_patrol_reports_a_run_it_cannot_place_and_checks_the_others(
+        tmp_path, sshd_server):  # noqa: F811
     durable = tmp_path / "durable"
     pushed(tmp_path, sshd_server)
     quick_run(tmp_path, sshd_server, "ok1", durable)
@@ -170,10 +171,11 @@ def test_finding_laptop_L13_a_killed_pull_ends_its_child_and_leaves_a_ledger_row
 def test_finding_laptop_L16_notify_setup_refuses_a_config_path_under_a_durable_or_results_dir(tmp_path):
     ledger = tmp_path / "ledger.jsonl"
     pulled = tmp_path / "pulled"
-    ledger.write_text("".join(json.dumps(dict(r, host="gpu", time="2026-12-05T10:00:0%dZ" % i)) + "\n" for i, r in enumerate([
-        {"event": "launch", "run_id": "sec2", "profile": "vastai", "state": "launched", "attempt": 1,
-         "run_dir": "~/rgt/runs/sec2", "results_dir": "~/rgt/results/sec2"},
-        {"event": "pull", "run_id": "sec2", "dest": str(pulled), "state": "pulled"}])))
+    events = [{"event": "launch", "run_id": "sec2", "profile": "vastai", "state": "launched", "attempt": 1,
+               "run_dir": "~/rgt/runs/sec2", "results_dir": "~/rgt/results/sec2"},
+              {"event": "pull", "run_id": "sec2", "dest": str(pulled), "state": "pulled"}]
+    ledger.write_text("".join(json.dumps(dict(r, host="gpu", time="2026-12-05T10:00:0%dZ" % i)) + "\n"
+                              for i, r in enumerate(events)))
     src = tmp_path / "n.json"
     src.write_text(json.dumps({"targets": [{"type": "ntfy", "url": "https://ntfy.example/topic"}]}))
     src.chmod(0o600)
@@ -190,3 +192,127 @@ def test_finding_laptop_L16_notify_setup_refuses_a_config_path_under_a_durable_o
     # a path outside them goes on to the node (here: no node, so ssh's own 255)
     res = setup("~/.config/rgt/notify.json")
     assert res.returncode == 255 and "durable or results dir" not in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- round-4 residual: a launch on a full laptop disk
+
+def full_disk(size):
+    """A preexec_fn: no file may grow past SIZE bytes, as on a full disk (the write comes back short)."""
+    def apply():
+        import resource
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return apply
+
+
+def test_finding_laptop_round4_residual_a_launch_the_ledger_cannot_record_never_starts(
+        tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    pushed(tmp_path, sshd_server)
+    ledger = tmp_path / "ledger.jsonl"
+    before = ledger.read_bytes()
+    base = [sys.executable, str(RGT), "--ssh-config", str(sshd_server.config), "--node-dir",
+            str(tmp_path / "node-bin"), "--ledger", str(ledger)]
+    res = subprocess.run(base + ["launch", "gpu-box", "--profile", "local", "--run-id", "torn3", "--durable-dir",
+                                 str(durable), "--cwd", str(work), "--", "--no-deadman", "--", "python3", "-c", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         preexec_fn=full_disk(len(before)))   # the ledger's folder is writable; its disk is full
+    assert res.returncode == 12, res.stdout + res.stderr
+    assert res.stderr.count("\n") == 1 and "nothing was started on gpu-box" in res.stderr, res.stderr
+    assert not (durable / "runs" / "torn3").exists() and not work.exists()   # the node never acted
+    assert ledger.read_bytes() == before                                     # and no torn row is left
+
+
+# ---------------------------------------------------------------- N14: the interpreter record, per box
+
+def test_finding_field_N14_the_recorded_interpreter_is_per_box_and_run_before_use(tmp_path, sshd_server):  # noqa: F811
+    sys.path.insert(0, str(NODE))
+    import rgt_core as core
+    node_bin = tmp_path / "node-bin"
+    pushed(tmp_path, sshd_server)
+    mine = node_bin / core.interpreter_record_name()
+    assert mine.is_file() and os.access(mine.read_text().strip(), os.X_OK), "push records this box's interpreter"
+    log = tmp_path / "starts.log"
+
+    def interpreter(name, code):
+        path = tmp_path / name
+        path.write_text('#!/bin/sh\necho "%s $*" >> %s\n%s\n' % (name, log, code))
+        path.chmod(0o755)
+        return path
+    # another box on the same NFS home pushed last: its records (the old shared name, and its own key) name an
+    # interpreter that exists here too, so only the key tells them apart
+    other = interpreter("other-box-python", 'exec %s "$@"' % sys.executable)
+    (node_bin / core.INTERPRETER_FILE).write_text("%s\n" % other)
+    (node_bin / ("%s-otherbox-0123456789ab" % core.INTERPRETER_FILE)).write_text("%s\n" % other)
+    res = rgt(tmp_path, sshd_server, "probe", "gpu-box")
+    assert res.returncode in (0, 3), res.stdout + res.stderr        # 3: the box misses a gate; it ran here
+    assert not log.exists(), "another box's interpreter ran here: %s" % log.read_text()
+    # this box's record names an interpreter that no longer runs (a venv removed since): checked, python3 instead
+    mine.write_text("%s\n" % interpreter("stale-python", "exit 127"))
+    res = rgt(tmp_path, sshd_server, "probe", "gpu-box")
+    assert res.returncode in (0, 3) and "node_probe" not in log.read_text(), res.stdout + res.stderr + log.read_text()
+    assert log.read_text().startswith("stale-python -S -c"), log.read_text()   # it was run, as the check
+
+
+# ---------------------------------------------------------------- N18: what a running run, a launch and a failure say
+
+WAITING_JOB = "import os, time\nprint('step 1/2', flush=True)\nwhile not os.path.exists('go'): time.sleep(0.05)\n"
+
+
+def test_finding_field_N18_a_pull_of_a_running_run_says_still_running(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    pushed(tmp_path, sshd_server)
+    try:
+        res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "live1",
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--", "python3", "-c", WAITING_JOB)
+        assert res.returncode == 0, res.stdout + res.stderr
+        # a launch without resume adapters says what a restart would do to its results
+        assert "WARN no resume adapter" in res.stderr and "supersede" in res.stderr, res.stderr
+        assert wait_for(lambda: rgt(tmp_path, sshd_server, "status", "gpu-box", "live1").returncode == 4, 120)
+        pull = rgt(tmp_path, sshd_server, "pull", "gpu-box", "live1", "--dest", tmp_path / "pulled")
+        assert pull.returncode == 1, pull.stdout + pull.stderr
+        assert "still running" in pull.stdout and "could not be fetched" not in pull.stdout, pull.stdout
+    finally:
+        (work / "go").write_text("")
+    assert wait_for(lambda: rgt(tmp_path, sshd_server, "status", "gpu-box", "live1").returncode in (0, 1), 120)
+    adapted = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "live2",
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--wait", "--resume-glob",
+                  "ckpt/*", "--resume-arg", "--resume {}", "--", "python3", "-c", "1")
+    assert adapted.returncode == 0 and "WARN no resume adapter" not in adapted.stderr, adapted.stderr
+
+
+def test_finding_field_N18_a_failed_message_always_says_why(tmp_path):
+    """The supervisor's `failed` message for a run stopped from outside (a cap, a preemption: here its forwarded
+    SIGTERM) and for a job that exited non-zero names the reason; no field reads null."""
+    from conftest import webhook_target
+    server, heard, values = webhook_target(tmp_path, "a-long-enough-test-secret")
+    env = dict(os.environ, **values)
+    work, durable = tmp_path / "work", tmp_path / "durable"
+    work.mkdir()
+    base = ["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir", str(durable),
+            "--disk-floor-gb", "0", "--no-deadman"]
+    try:
+        res = subprocess.run(base + ["--run-id", "bad", "--wait", "--", "sh", "-c", "exit 3"], cwd=str(work),
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert "finished:" in res.stdout, res.stdout + res.stderr
+        # the synced supervisor.log holds the supervisor's own account, not nothing
+        synced = (durable / "results" / "bad" / "logs" / "supervisor.log").read_text()
+        assert "job exited with code 3" in synced, synced
+        res = subprocess.run(base + ["--run-id", "cut", "--", "python3", "-c", WAITING_JOB], cwd=str(work),
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        status = durable / "runs" / "cut" / "status.json"
+        assert wait_for(lambda: json.loads(status.read_text()).get("state") == "running", 60)
+        os.kill(json.loads(status.read_text())["supervisor_pid"], signal.SIGTERM)   # a preemption's signal
+        assert wait_for(lambda: len([h for h in heard if h["event"] == "failed"]) == 2, 120), heard
+    finally:
+        (work / "go").write_text("")
+        server.shutdown()
+        server.server_close()
+    failed = {h["fields"]["run_id"]: h for h in heard if h["event"] == "failed"}
+    assert failed["bad"]["fields"]["reason"] == "the job exited with code 3", failed["bad"]
+    assert failed["cut"]["fields"]["state"] == "interrupted", failed["cut"]
+    assert failed["cut"]["fields"]["reason"].startswith("stopped by signal SIGTERM"), failed["cut"]
+    for message in failed.values():
+        assert "null" not in message["text"] and "n/a" not in message["text"], message["text"]

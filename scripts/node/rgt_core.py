@@ -120,6 +120,25 @@ def guard_output(json_mode=False):
 
 
 INTERPRETER_FILE = ".python"   # the node's real interpreter, recorded by `rgt_core.py --version --record-interpreter`
+# ... one record per box (INTERPRETER_FILE-<box key>): a home folder on NFS is shared by boxes whose
+# interpreters live in different places (finding_field_N14). The key is computed the same way by the shell
+# line rgt.py sends (rgt.node_python): `uname -n` and the first 12 of the machine id, odd characters dropped.
+BOX_KEY_SHELL = ("n=$(uname -n | tr -cd 'A-Za-z0-9._-'); m=$(cat /etc/machine-id 2>/dev/null || "
+                 "cat /var/lib/dbus/machine-id 2>/dev/null); m=$(printf %s \"$m\" | tr -cd 'A-Za-z0-9' | cut -c1-12)")
+
+
+def interpreter_record_name():
+    """This box's interpreter record beside the toolkit: .python-<node name>-<machine id, 12>, as BOX_KEY_SHELL."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "", os.uname().nodename)
+    machine = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                machine = handle.read()
+            break
+        except OSError:
+            continue
+    return "%s-%s-%s" % (INTERPRETER_FILE, name, re.sub(r"[^A-Za-z0-9]", "", machine)[:12])
 
 # RGT_TRACE_STARTS=FILE: every toolkit process appends "pid TAB argv..." as it starts, to count what a command
 # costs in interpreter starts (a launch: three; tests/test_fast_paths.py).
@@ -1271,8 +1290,8 @@ def _main(argv=None):
                     epilog=exit_codes_epilog(fail=None, refused="the toolkit's files are not one version"))
     parser.add_argument("--version", action="store_true", help="print the toolkit version after checking it")
     parser.add_argument("--record-interpreter", action="store_true",
-                        help="with --version: write this interpreter's path to %s beside the toolkit (rgt.py "
-                             "then skips a pyenv/conda shim on every later command)" % INTERPRETER_FILE)
+                        help="with --version: write this interpreter's path to %s-<box> beside the toolkit, one "
+                             "per box (rgt.py then skips a pyenv/conda shim on every later command)" % INTERPRETER_FILE)
     parser.add_argument("--run-state", metavar="RUN_DIR",
                         help="print whether any attempt of the run in RUN_DIR may still run (JSON; the gate asks)")
     parser.add_argument("--default", choices=sorted(DEFAULTS), metavar="NAME",
@@ -1291,7 +1310,8 @@ def _main(argv=None):
     if problems:
         raise Refused("the toolkit in %s is not one version: %s" % (NODE_DIR, "; ".join(problems)))
     if args.record_interpreter:
-        atomic_write(os.path.join(NODE_DIR, INTERPRETER_FILE), sys.executable + "\n")   # a venv keeps its own path
+        # a venv keeps its own path; each box its own record (a shared home holds several)
+        atomic_write(os.path.join(NODE_DIR, interpreter_record_name()), sys.executable + "\n")
     print(toolkit_version())
     return EXIT_OK
 
