@@ -29,11 +29,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.join(HERE, "node") not in sys.path:
     sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402  (the run's state words; the budget clock)
 
 # rows that say what the run is doing now; any other row (pull, gate, sweep, reap) leaves run_state alone
 RUN_STATE_EVENTS = ("launch", "resume", "status", "patrol")
-TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted", "deadman_fired", "launch_failed",
-            "dead-man fired", "stopped", "exited")
+TERMINAL = runrec.REPORTED_OVER + ("launch_failed", "dead-man fired")   # and the ledger's own words for an end
 
 
 def path(explicit=None):
@@ -180,7 +180,7 @@ def fold(rows):
             rec["gate"] = None  # a new attempt runs (and bills) again: an earlier gate PASS no longer covers it
             rec["first_launch"] = rec["first_launch"] or event.get("time")
         elif rec["gate"] == "PASS" and event.get("event") in ("status", "patrol") and (
-                event.get("state") in core.ACTIVE_RUN_STATES or
+                event.get("state") in runrec.REPORTED_ACTIVE or
                 (isinstance(attempt, int) and isinstance(rec.get("gated_attempt"), int) and
                  attempt > rec["gated_attempt"])):
             rec["gate"] = None  # the node says an attempt runs that the gate never saw: it bills again
@@ -219,7 +219,6 @@ def cost_so_far(rows, host, rid, rate=None, now=None, box=None):
     The node's clock (budget.json, as the last status row copied it) when the ledger holds one, else the hours
     since the ledger's first launch row."""
     import time
-    import runrec
     runs, _boxes = fold(rows)
     rec = find_run(runs, rid, box, host) or {}
     rate = rate if rate is not None else rec.get("rate_per_hour")

@@ -56,11 +56,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
 import ledger as ledger_mod  # noqa: E402  (scripts/ledger.py)
+import runrec  # noqa: E402
 
 RULES = ("budget", "done", "unwatched", "unreachable")
 WOULD_STOP = 10
 SSH_UNREACHABLE = 255
-TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted", "deadman_fired")
+TERMINAL = runrec.REPORTED_OVER   # run_status's words for a run that is over
 HEARTBEAT = "reap-heartbeat.json"
 LOCK = "reap.lock"
 HEARTBEAT_WARN_S = 24 * 3600
@@ -144,7 +145,8 @@ def provider_state(box, opts):
 
 
 def status_trip(box, opts):
-    """(reachable, {rid: run_status dict}): one rgt.py patrol trip to the box for all its runs."""
+    """(reachable, {rid: run_status dict}): one rgt.py patrol trip to the box for all its runs; reachable is None
+    when patrol could place none of them (the alias now leads to another box than the ledger's)."""
     argv = [sys.executable, os.path.join(HERE, "rgt.py")] + opts.ssh_options + [
         "--json", "patrol", box["host"]] + sorted(box["runs"]) + ["--min-free-gb", "0"]
     try:
@@ -157,7 +159,10 @@ def status_trip(box, opts):
         doc = json.loads(res.stdout)
     except ValueError:
         return False, {}
-    return True, {r.get("run_id"): r.get("status") or {} for r in doc.get("runs") or []}
+    runs = {r.get("run_id"): r.get("status") or {} for r in doc.get("runs") or []}
+    if runs and all(str(st.get("reason", "")).startswith("cannot locate") for st in runs.values()):
+        return None, {}       # ssh now reaches another box than the ledger's: nothing was asked, nothing known
+    return True, runs
 
 
 # ---------------------------------------------------------------- the rules
@@ -179,6 +184,8 @@ def decide(box, reachable, statuses, now, opts):
     if spent and not any(healthy(rid) for rid in runs if rid not in spent):
         return "budget", "run %s passed its budget deadline (%s)" % (
             spent[0], core.utc_iso(budget_deadline(runs[spent[0]]))), False
+    if reachable is None:
+        return None, "its runs cannot be placed on the box this alias reaches now (a changed ssh config?)", False
     if reachable:
         ended = {rid: (statuses.get(rid) or {}).get("status") in TERMINAL for rid in runs}
         gated = {rid: runs[rid].get("gate") == "PASS" for rid in runs}
@@ -218,7 +225,10 @@ def decide(box, reachable, statuses, now, opts):
 def reaps_since_reachable(box):
     rows = []
     for row in box["reaps"]:
-        rows = [] if row.get("reachable") else rows + [row]
+        if row.get("reachable") is True:
+            rows = []
+        elif row.get("reachable") is False:      # None: the alias led elsewhere, says nothing of this box
+            rows.append(row)
     return rows
 
 
@@ -303,6 +313,8 @@ def reap(opts):
             d["reachable"] = reachable
             rule, why, notice_only = decide(box, reachable, statuses, now, opts)
             d["rule"], d["why"] = rule, why
+            if reachable is None and not rule:
+                d["action"], code = "unknown", max(code, 1)
             row = {"event": "reap", "host": box["host"], "box": box["box"], "reachable": reachable,
                    "provider_state": state, "rule": rule}
             if rule and notice_only:

@@ -19,6 +19,7 @@ import pytest
 from conftest import NODE, SCRIPTS, TOOLS, need, need_root, pid_alive, wait_for
 
 sys.path.insert(0, str(NODE))
+import destructive  # noqa: E402
 import evidence  # noqa: E402
 import rgt_core as core  # noqa: E402
 
@@ -150,6 +151,13 @@ def torch_like(payload_size=4096):
         archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
         archive.writestr("archive/data/0", os.urandom(payload_size))
     return buf.getvalue()
+
+
+def record_pull(run, results):
+    """What the teardown gate leaves on the node once a pull of RESULTS verified: RUN_DIR/pulled.json."""
+    manifest, _problems = evidence.read_manifest(str(results / evidence.MANIFEST_NAME))
+    (run / "pulled.json").write_text(json.dumps({"files_digest": destructive.files_digest(manifest),
+                                                 "verified_at": "2026-12-06T00:00:00Z", "by": "test"}))
 
 
 def make_sync(run, results, files, run_id="r1", logs=True):
@@ -390,6 +398,8 @@ def test_destructive_stop_needs_allow_and_a_verified_durable_sync(tmp_path, case
         (run / "status.json").write_text(json.dumps(doc))
     if case == "damaged-manifest":
         (results / evidence.MANIFEST_NAME).write_text('{"schema": "rgt-pull-manifest/1", "files": [')
+    if case == "verified":   # the copy here is on this instance's disk: the gate's record of a verified pull
+        record_pull(run, results)   # makes it safe to erase (finding C1; tests/test_off_box.py)
     destroy, d_calls = stand_in(tmp_path, "terminate")
     pause, p_calls = stand_in(tmp_path, "pause")
     args = ["--grace-minutes", "0", "--stop-cmd", destroy, "--stop-cmd-destructive", "--fallback-stop-cmd", pause]

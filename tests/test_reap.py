@@ -138,19 +138,23 @@ def test_a_killed_dead_man_with_a_budget_is_reaped_at_the_deadline(box):
 
 @pytest.mark.drill("reaper waits out an unreachable box with a fresh lease")
 def test_an_unreachable_box_is_told_first_and_stopped_only_after_a_second_ttl(box):
-    """sshd unreachable (the alias now points at a closed port): with a fresh lease nothing happens; once the
+    """sshd unreachable (a broken network path to the same box): with a fresh lease nothing happens; once the
     lease ran out a notification goes out and nothing stops; a later reap, a TTL on, stops it."""
     tmp_path, server, api = box
     launch(tmp_path, server, "cut", ttl="3")
     rgt(tmp_path, server, "status", "gpu-box", "cut")               # the ledger keeps this copy of the lease
     read_at = time.time()
     assert rows(tmp_path, "status")[-1]["lease"]["ttl_s"] == 3.0
+    # the same box (ssh -G resolves the same user, host and port) behind a broken network path, with no
+    # multiplexing master to reuse
     cut = tmp_path / "cut_ssh_config"
-    closed = __import__("socket").socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()
-    cut.write_text(Path(server.config).read_text().replace("Port %d" % server.port, "Port %d" % port))
+    cut.write_text(Path(server.config).read_text().replace(
+        "Host gpu-box\n", "Host gpu-box\n  ProxyCommand /bin/false\n  ControlPath none\n  ControlMaster no\n", 1))
+    moved = tmp_path / "moved_ssh_config"     # the alias now leads to another address: not this box, not "down"
+    moved.write_text(Path(server.config).read_text().replace("Port %d" % server.port, "Port 1", 1))
+    code, doc, _err = reap(tmp_path, server, api, config=moved)
+    assert code == 1 and doc["decisions"][0]["action"] == "unknown" and doc["decisions"][0]["reachable"] is None
+    assert not stops(api) and not [r for r in rows(tmp_path) if r.get("reachable") is False], doc
     hook, heard, env = webhook_target(tmp_path, "reap-signing-secret-0123")
     try:
         code, doc, _err = reap(tmp_path, server, api, "--notify-config", env["RGT_NOTIFY_CONFIG"], config=cut)

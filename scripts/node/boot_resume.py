@@ -57,6 +57,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402
 
 DROP_ON_REPLAY = ("--wait", "--json")  # a boot hook must not block, and reads no JSON
 
@@ -79,12 +80,10 @@ def deadman_busy(run_dir):
 def orphaned(run_dir):
     """(status, run) when the run should be running but nothing of it is alive, else None."""
     status = core.read_json(os.path.join(run_dir, "status.json"))
-    if status.get("state") not in core.ACTIVE_RUN_STATES:
+    if status.get("state") not in runrec.ACTIVE:
         return None
     # a launch still starting (its run_one.sh alive, no supervisor yet) is not orphaned (finding A5)
-    alive = any(core.record_alive(status.get(k + "_identity"), status.get(k + "_pid"))
-                for k in ("supervisor", "job", "launcher"))
-    if alive:
+    if runrec.activity(status)["any"]:
         return None
     return status, core.read_json(os.path.join(run_dir, "run.json"))
 
@@ -277,8 +276,8 @@ SUPERVISOR_EXIT_SECONDS = 60
 
 
 def live_parts(status):
-    return [name for name in ("supervisor", "job")
-            if core.record_alive(status.get(name + "_identity"), status.get(name + "_pid"))]
+    act = runrec.activity(status)
+    return [name for name in ("supervisor", "job") if act[name]]
 
 
 def resume_checks(run_dir, status, run, args):
@@ -287,7 +286,7 @@ def resume_checks(run_dir, status, run, args):
     result = {"run_dir": run_dir, "attempt": None if attempt is None else attempt + 1, "ok": False,
               "action": "refused"}
     live = live_parts(status)
-    if live == ["supervisor"] and status.get("state") not in core.ACTIVE_RUN_STATES:
+    if live == ["supervisor"] and status.get("state") not in runrec.ACTIVE:
         # the attempt is over (final status written) and its supervisor is tidying up: give it a moment
         deadline = time.monotonic() + SUPERVISOR_EXIT_SECONDS
         while live and time.monotonic() < deadline:
@@ -415,7 +414,7 @@ def hand_over(run_dir, status, run, result):
             result.update(ok=False, action="refused", why="the armed dead-man did not stand down within %d s"
                           % HAND_OVER_SECONDS)
             return 1, result
-    if status.get("state") in core.ACTIVE_RUN_STATES:
+    if status.get("state") in runrec.ACTIVE:
         mark_failed(run_dir, status, "attempt %d died with nothing left alive; resumed as attempt %d" % (
             attempt, attempt + 1))
     ok, seconds, detail = relaunch(run_dir, run)

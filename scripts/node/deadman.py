@@ -19,7 +19,10 @@ Runs ON THE GPU NODE, detached from any SSH session, and watches one run directo
   max_hours  --max-hours passed since arming, whatever the job is doing; or the hours --budget-usd
              buys at --rate-per-hour are spent, counted from the run's FIRST start across attempts,
              re-arms and reboots, less the time the box was suspended (RUN_DIR/budget.json, kept by
-             runrec: a resume or a re-arm never gets the whole budget again).
+             runrec: a resume or a re-arm never gets the whole budget again); a cap is the run's:
+             while another watched run on the box still progresses, only THIS run is stopped (its
+             stop signal, then its sync; RUN_DIR/CAP_STOPPED.json, scope "run") and the box stop
+             waits until no other run holds it off.
 A torn or unreadable status.json is never read as "no job": the dead-man holds, and the stall
 rule and the cap still apply. Other runs on the box (the box registry, runrec.py) hold the stop
 off only while they are watched by their own dead-man and progressing: a hung, unwatched neighbour
@@ -116,11 +119,12 @@ except ImportError:  # pragma: no cover
     fcntl = None
 
 TERMINAL = runrec.TERMINAL
-ACTIVE = ("starting", "running", "syncing")
+ACTIVE = runrec.ACTIVE
 NO_STOP_MSG = stop_engine.NO_STOP_MSG
 REFUSED_MSG = stop_engine.REFUSED_MSG
 STATE_FILE = core.DEADMAN_FILE
 FIRED_FILE = core.DEADMAN_FIRED_FILE
+CAP_STOPPED_FILE = runrec.CAP_STOPPED
 LOCK_FILE = "deadman.lock"
 WATCH_RESERVE = ".rgt-watch-reserve"
 SUSPEND_THRESHOLD = 60.0
@@ -431,6 +435,9 @@ class Watcher(object):
             if verdict and verdict[0] == "stall_run":
                 self.stop_own_job(*verdict[1:])
                 verdict = None
+            if verdict and verdict[0] == "cap_run":
+                self.stop_run_at_cap(*verdict[1:])
+                verdict = None
             if verdict:
                 self.state = "firing"
                 self.renew_lease()
@@ -449,6 +456,9 @@ class Watcher(object):
 
     def stop_own_job(self, detail, job_pid, job_alive):
         """Overridden by the run dead-man; other watchers have no job of their own."""
+
+    def stop_run_at_cap(self, detail, job_pid, job_alive):
+        """Overridden by the run dead-man; a box watcher's cap is the box's."""
 
     def renew_lease(self):
         """Overridden by the run dead-man: its run's lease (runrec.LEASE); a box watcher has none."""
@@ -582,6 +592,7 @@ class Deadman(Watcher):
         self.ack_sig = None
         self.ack_until_mono = None
         self.stopped_job = None           # the job this dead-man already stopped for a stall
+        self.cap_stopped = None           # CAP_STOPPED.json: this run stopped at its cap, the box left on
         self.progress_look = None         # (mtime of heartbeat.json, of job.log) at the last first_progress look
         self.progress_base = {}           # attempt -> the first step its heartbeat showed this dead-man
         self.progress_told = set()        # attempts whose first_progress is told (or was, says notified.json)
@@ -664,7 +675,16 @@ class Deadman(Watcher):
         candidates = []
         cap = self.cap_reached(now)
         if cap:
-            candidates.append(cap[:2])
+            # Finding C2: a run's cap is the run's. While other watched runs still progress, stop this run (its
+            # stop signal, its sync) once and leave the box on; the box stop waits for the last of them.
+            holding, _ignored = self.neighbours()
+            if not holding:
+                candidates.append(cap[:2])
+            elif self.cap_stopped is None and not postponed:
+                return "cap_run", "%s; other runs still train (%s)" % (cap[1], ", ".join(holding[:5])), \
+                    job_pid, job_alive
+            else:
+                self.note("%s: this run stopped; holding the box stop for %s" % (cap[1], ", ".join(holding[:5])))
 
         if unreadable:
             # Finding A7: never "no job". Hold; the stall rule and the cap still apply.
@@ -675,7 +695,7 @@ class Deadman(Watcher):
                 ended_at = core.parse_iso(status.get("ended_at"))
                 self.ended_mono = self.from_wall(ended_at, now) if ended_at is not None else now
             active, why_over = False, "job %s (exit %s)" % (state, status.get("exit_code"))
-        elif job_alive or (helper_alive and state in ACTIVE + ("stalled", None)):
+        elif job_alive or (helper_alive and state in ACTIVE + (None,)):
             active, why_over = True, None
             self.ended_mono = None
             self.ssh.reset()
@@ -838,6 +858,32 @@ class Deadman(Watcher):
         send = self.sender()
         if send is not None:
             send("stalled", {"detail": detail, "box_stop": False})
+
+    def stop_run_at_cap(self, detail, job_pid, job_alive):
+        """Finding C2: the run's cap passed while other watched runs train: stop this run's job (its stop signal,
+        then its sync), record CAP_STOPPED.json (scope "run") and leave the box on; the box stop fires once no
+        other run holds it (the usual neighbour rule)."""
+        reason = "max_hours"
+        others, _ignored = self.neighbours()
+        self.log("CAP: %s: stopping this run only; the box stays on for %d other run(s)" % (detail, len(others)))
+        rec = {"reason": reason, "scope": "run", "detail": detail, "at": stamp(), "box_stop": False,
+               "other_runs": others, "job_term": None}
+        self.cap_stopped = rec
+        self.save(CAP_STOPPED_FILE, rec)   # what happened goes on disk before the signal
+        send = self.sender()
+        if send is not None:
+            send("deadman_fired", {"reason": reason, "detail": detail, "scope": "run", "box_stop": False})
+            hours, spent = self.budget(time.monotonic())
+            if hours is not None and self.cfg.get("max_hours", 0) >= hours - 1e-6:
+                send("budget_100", spent)
+        if job_alive and job_pid:
+            try:
+                rec["job_term"] = self.term_job(job_pid, reason)
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = str(exc)
+        rec["state_after"] = runrec.status(self.run_dir).get("state")
+        self.write_state({"cap_stopped": rec})
+        self.save(CAP_STOPPED_FILE, rec)
 
     def notify_fields(self):
         return {"host": socket.gethostname(), "run_dir": self.run_dir,

@@ -440,7 +440,7 @@ def build_message(event, fields, config=None, now=None):
     head = "[rgt] %s%s on %s" % (title, (" - run %s" % run) if run else "", box)
     lines = [head]
     for key, value in clean.items():
-        if key != "run_id":
+        if key != "run_id" and value is not None:   # a field with no value is left out, never "null"
             lines.append("%s: %s" % (key, _field_value(key, value)))
     text = "\n".join(lines)
     if len(text) > MAX_TEXT:

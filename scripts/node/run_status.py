@@ -88,8 +88,7 @@ from progress import as_int, num
 EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "interrupted": 1, "running": 4, "syncing": 4,
         "starting": 5, "stalled": 6, "deadman_fired": 7}
 EXIT_UNWATCHED = 8
-TERMINAL = {"succeeded", "failed", "sync_failed", "interrupted", "deadman_fired"}
-STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed", "interrupted")
+TERMINAL = set(runrec.REPORTED_OVER)
 HINT = {
     "failed": "read job.log, fix the cause, then resume it as the next attempt: rgt.py resume HOST RID (on the "
               "node: boot_resume.py --run RUN_DIR); it continues from a checkpoint if the trainer resumes by "
@@ -350,6 +349,11 @@ def one_line(r):
         low = disk.get("free_inodes") is not None and disk["free_inodes"] < core.DEFAULT_MIN_FREE_INODES
         if pct is not None and (pct < 5 or low):
             bits.append("inodes LOW %s%% free" % pct)
+    cap = r.get("cap_stopped")
+    if cap and r["status"] != "deadman_fired":
+        others = cap.get("other_runs") or []
+        bits.append("cap reached: this run stopped, box left on for %d other run%s" % (
+            len(others), "" if len(others) == 1 else "s"))
     synced = sync_words(r)
     if synced:
         bits.append(synced)
@@ -385,7 +389,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     hb = core.read_json(p("heartbeat.json"))
 
     state = status.get("state")
-    if state is not None and state not in STATES:
+    if state is not None and state not in runrec.STORED:
         raise core.UsageError("status.json has an unknown state %r" % (state,))
     exit_code = read_int(p("exit_code"))
     if exit_code is None and num(status.get("exit_code")) is not None:
@@ -397,11 +401,9 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     same_host = not host or host in (here, here.split(".")[0]) or here.startswith(str(host) + ".")
     started = core.parse_iso(status.get("started_at"))
     procs = machine.procs
-    alive = core.record_alive(status.get("job_identity"), job_pid, started, procs) if (job_pid and same_host) \
-        else None
-    sup_recorded = bool(status.get("supervisor_pid") or status.get("supervisor_identity"))
-    sup_alive = core.record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"), started, procs) \
-        if (sup_recorded and same_host) else None
+    act = runrec.activity(status, procs=procs, same_host=same_host)   # the one liveness rule (finding D2)
+    alive = act["job"] if job_pid else None
+    sup_alive = act["supervisor"]
 
     where = progress.current(run_dir, run or {}, hb)
     step, total = where["step"], where["total_steps"]
@@ -439,7 +441,12 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                      "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
                      "stale_code": stale_daemon(run_dir, dm, version)},
          "unwatched": False, "sync": None, "toolkit_version": version, "checked_at": core.utc_iso(now),
-         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now)}
+         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now), "cap_stopped": None}
+    cap = core.read_json(p(runrec.CAP_STOPPED))   # a damaged record only loses this line
+    if cap:   # finding C2: the run's cap stopped this run only
+        others = cap.get("other_runs") if isinstance(cap.get("other_runs"), list) else []
+        r["cap_stopped"] = {"reason": cap.get("reason"), "at": cap.get("at"), "scope": cap.get("scope"),
+                            "other_runs": [str(o) for o in others]}
     newest = machine.newest_output(run) if same_host else None
     if newest:
         r["newest_output_age_s"], r["newest_output"] = round(max(0.0, now - newest[0]), 1), newest[1]
