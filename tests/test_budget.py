@@ -78,6 +78,7 @@ def kill_the_box(run, job, dm_pid):
                     open("/proc/%d/stat" % dm_pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30)
 
 
+@pytest.mark.drill("budget holds across re-arms and reboots")
 def test_finding_node_C6_drill_the_budget_holds_across_three_resumes_and_a_reboot(tmp_path, pids):
     """Budget 0.1 at 36/h (the cap: 9.72 s). Attempt 1, then the box's processes are killed and the run resumed
     three times, then a reboot re-arms from deadman.json as boot_resume does: the stop comes at most

@@ -49,6 +49,10 @@ DRILLS = {
                                                               "second TTL, a notification sent",
     "reaper stops a finished, gate-passed box once": "a terminal, gate-passed run: stopped after the grace; two "
                                                      "reapers at once stop once",
+    # wave 4: money (issue 37)
+    "budget holds across re-arms and reboots": "a budget holds across re-arms and reboots (at most 1.05x)",
+    "billing never OK while it cannot see or match": "`billing` never says OK when anything it cannot see or match "
+                                                     "may bill",
 }
 
 # Wave-3 drills whose tests other changes are adding (2026-12): reported, not failed.

@@ -19,6 +19,8 @@ sys.path.insert(0, str(SCRIPTS))
 import billing  # noqa: E402
 import ledger  # noqa: E402
 
+pytestmark = pytest.mark.drill("billing never OK while it cannot see or match")   # every test here
+
 KEY = "canary-key-0e5d1c7b9a2f4e6d8c3b"
 URL_VARS = {"runpod": "RGT_RUNPOD_API_URL", "vastai": "RGT_VASTAI_API_URL", "lambda": "RGT_LAMBDA_API_URL",
             "paperspace": "RGT_PAPERSPACE_API_URL"}
