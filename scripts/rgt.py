@@ -558,6 +558,8 @@ def cmd_launch(args, ssh):
     argv += ["--durable-dir", durable]   # never a DURABLE_DIR of the node's environment: pull and gate look here
     node_json = "--json" not in options  # the node answers where the run went (review D4): recorded as given
     argv += options + (["--json"] if node_json else []) + ["--"] + job
+    # the first ledger row, before the node acts and before any warning: a refusal is the only line
+    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     import reap
     reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
     if reaper:           # only a launch that names its instance can be reaped
@@ -573,14 +575,6 @@ def cmd_launch(args, ssh):
                          "a resume after a preemption or failure restarts it from step 0, and its results then "
                          "supersede this attempt's (resume --force-restart keeps them on the node as a "
                          "generation)\n")
-    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
-    if not any(o.split("=", 1)[0] in ("--resume-glob", "--resume-arg") for o in options):
-        # said now, while the launch can still change: later, a restart's results replace this attempt's (N18)
-        sys.stderr.write("WARN no resume adapter (--resume-glob/--resume-arg): unless the job resumes by itself, "
-                         "a resume after a preemption or failure restarts it from step 0, and its results then "
-                         "supersede this attempt's (resume --force-restart keeps them on the node as a "
-                         "generation)\n")
-    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
