@@ -234,8 +234,11 @@ def human_report(doc):
                      "account or key (it may still bill)" % (NOT_LISTED, rec["provider"], rec["run_id"],
                                                             rec["box"] or rec["host"], rec["instance"] or "no --instance"))
     if doc["ok"]:
-        lines.append("%s %s" % (core.OK, "everything billing has a run in progress on that very box" if doc["items"]
-                                else "nothing listed by any provider you have credentials for"))
+        skipped = [p["provider"] for p in doc["providers"] if not p["credentials"]]
+        lines.append("%s %s%s" % (core.OK, "everything billing has a run in progress on that very box" if doc["items"]
+                                  else "nothing listed by any provider you have credentials for",
+                                  "; not looked at (no laptop credentials): %s" % ", ".join(skipped) if skipped
+                                  else ""))
     elif doc["incomplete"]:
         lines.append("%s the view is INCOMPLETE: a provider above could not be read or seen, so what it bills is "
                      "unknown (not zero). This report changes nothing." % core.FAIL)
