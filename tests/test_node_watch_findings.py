@@ -103,12 +103,14 @@ def test_finding_node_C9_a_message_lost_to_an_unwritable_spool_is_counted_everyw
 
 # ----------------------------------------------------------------------------- C10
 
-def test_finding_node_C10_a_refused_notify_config_refuses_the_arm_and_the_launch(tmp_path, box):
+def test_finding_node_C10_a_refused_notify_config_refuses_the_arm_and_the_launch(tmp_path, box, procs):
     bad = notify_config(tmp_path, "http://127.0.0.1:9/in")   # plain http without allow_http: notify.py refuses it
     env = dict(box.env, RGT_NOTIFY_CONFIG=str(bad), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
     run = finished(tmp_path / "run")
     stop, _calls = stand_in(tmp_path)
     res = deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--stop-cmd", stop, env=env)
+    if res.returncode == 0:
+        procs.append(int(res.stdout.strip()))   # armed after all (the bug): end it afterwards
     assert res.returncode == 3, (res.stdout, res.stderr)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "notify config" in lines[0] and "Traceback" not in res.stderr, res.stderr
@@ -117,6 +119,7 @@ def test_finding_node_C10_a_refused_notify_config_refuses_the_arm_and_the_launch
     ok = deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--stop-cmd", stop, "--dry-run",
                  "--grace-minutes", "60", env=env)
     assert ok.returncode == 0, ok.stderr
+    procs.append(int(ok.stdout.strip()))
     deadman("ack", "--run-dir", run, "--disarm")
     # the launch says so in one line and starts nothing
     job, cfg = box.job("c10", sleep=0)
