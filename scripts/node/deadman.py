@@ -33,16 +33,17 @@ a broken watcher cannot fail open). A reserve file made at arm time is given up 
 full, and records are best effort: the stop runs anyway.
 
 Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
-signal (run.json stop_signal, default SIGTERM; status.json job_stop says so first, so the supervisor records
-the run as interrupted whatever the job's exit code) on its process group and up to --term-grace-seconds
-to checkpoint, then SIGKILL to the group if the job is still alive (job_term.killed), and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
-stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a
-confirmation (the provider's state where an adapter exists; for a stop meant to end the machine,
-this box still up --confirm-seconds later means NOT CONFIRMED, retried, then the fallback), and an
-escalation (a record and a notification) when the stop is not confirmed or fails. The stop command
-is checked when armed (its program found, $VAR resolvable from the environment or PID 1's); a
-script without a "#!" line runs through /bin/sh. The record's "confirmed" is true, false or null
-(a custom stop that cannot be confirmed); run_status prints STOP NOT CONFIRMED while it is false.
+signal (run.json stop_signal, default SIGTERM; status.json job_stop says so first, so the supervisor
+records the run as interrupted whatever the job's exit code) on its process group and up to
+--term-grace-seconds to checkpoint, then SIGKILL to the group if the job is still alive
+(job_term.killed), and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
+stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a confirmation
+(the provider's state where an adapter exists; for a stop meant to end the machine, this box still up
+--confirm-seconds later means NOT CONFIRMED, retried, then the fallback), and an escalation (a record
+and a notification) when the stop is not confirmed or fails. The stop command is checked when armed (its
+program found, $VAR resolvable from the environment or PID 1's); a script without a "#!" line runs
+through /bin/sh. The record's "confirmed" is true, false or null (a custom stop that cannot be
+confirmed); run_status prints STOP NOT CONFIRMED while it is false.
 
 Destructive stops (METER_STOP_DESTRUCTIVE true, --stop-cmd-destructive, or inferred from any word
 of the command at any depth of wrapping: destructive.py) run only with --allow-destructive AND a
@@ -83,7 +84,8 @@ Usage:
 
 Exit codes:
   arm     0 armed (prints the dead-man pid), 2 usage, 3 refused (a live dead-man already
-          watches this run dir, the stop command cannot run here, or the notify config is refused); with --foreground: 0 after
+          watches this run dir, the stop command cannot run here, or the notify config is refused);
+          with --foreground: 0 after
           firing with the stop succeeding and not disproved (or a dry run that found a command,
           or disarmed), 1 when it fired but every stop failed, was not confirmed, was refused, or
           no stop command exists.
@@ -1430,8 +1432,8 @@ def build_parser():
                                 "that found a command, or disarmed)",
                              fail="(--foreground) fired, and the stop failed, was not confirmed or refused, or no "
                                   "stop command exists",
-                             refused="a live dead-man already watches this run dir, the stop cannot run here, or the "
-                                     "notify config is refused"))
+                             refused="a live dead-man already watches this run dir, the stop cannot run "
+                                     "here, or the notify config is refused"))
     arm.add_argument("--run-dir", required=True, help="the run dir to watch (DURABLE/runs/RUN_ID)")
     arm.add_argument("--profile", help="read METER_STOP_CMD/METER_STOP_DESTRUCTIVE from this profile "
                                        "(default: the profile in run.json)")

@@ -43,8 +43,9 @@ The dead-man is shown in every state: "deadman armed", "deadman DOWN" (it says a
 process is gone), "deadman exited" (stopped by a signal), "deadman disarmed", "deadman none" (never
 armed), or the firing ("stop pending" until its first stop attempt has run). Messages the dead-man
 could not deliver are counted: "notify: N message(s) NOT delivered". A finished run (succeeded,
-failed, sync_failed) whose dead-man is DOWN or exited and never fired is UNWATCHED: nothing on the node stops the meter, so it exits 8 with a hint
-(re-arm the dead-man, or stop the box yourself once the outputs are safe), whatever the job's outcome.
+failed, sync_failed) whose dead-man is DOWN or exited and never fired is UNWATCHED: nothing on the
+node stops the meter, so it exits 8 with a hint (re-arm the dead-man, or stop the box yourself once
+the outputs are safe), whatever the job's outcome.
 
 The sync is read from status.json "sync": "outputs verified (N files, SIZE)", "outputs NOT
 verified: REASON", or, for a run launched with no outputs declared, what was synced ("no outputs
@@ -304,7 +305,7 @@ def stop_pending(fired):
     """True while a firing has run no stop attempt yet (the job's stop signal and its sync come first)."""
     if not fired or fired.get("ok") is not False or fired.get("dry_run") or fired.get("attempts"):
         return False
-    return not any(fired.get(k) for k in ("refused", "message", "error", "fallback", "last_resort_rc", "exit_code"))
+    return not any(fired.get(k) for k in ("refused", "message", "error", "fallback", "last_resort_rc"))
 
 
 def notify_lost(doc):
