@@ -133,11 +133,11 @@ def test_finding_node_C10_a_refused_notify_config_refuses_the_arm_and_the_launch
 # ----------------------------------------------------------------------------- A3 residual
 
 def test_finding_node_A3_residual_no_stall_while_the_supervisor_waits_for_leftovers(box):
-    # The main process exits at once and leaves a helper in its group: the supervisor waits 3 s for it before
-    # the sync, with the stall limit (0.6 s) far below that wait.
+    # The main process exits at once and leaves a helper in its group: the supervisor waits 5 s for it before
+    # the sync, with the stall limit (1.8 s) far below that wait.
     job = ["bash", "-c", "sleep 30 & echo main done"]
-    env = dict(box.env, RGT_GROUP_WAIT_SECONDS="3", RGT_GROUP_TERM_SECONDS="2")
-    res = box.launch("a3r", job, "--stall-minutes", "0.01", "--grace-minutes", "5", env=env)
+    env = dict(box.env, RGT_GROUP_WAIT_SECONDS="5", RGT_GROUP_TERM_SECONDS="2")
+    res = box.launch("a3r", job, "--stall-minutes", "0.03", "--grace-minutes", "5", env=env)
     assert res.returncode == 0, res.stdout + res.stderr
     status = box.wait_terminal("a3r", timeout=30)
     rd = box.run_dir("a3r")

@@ -1383,6 +1383,11 @@ def cmd_status(args):
                 fired.get("reason"), fired.get("fired_at"),
                 ": would run %s" % json.dumps(fired["would_run"]) if fired.get("would_run") else
                 ": %s" % (fired.get("message") or "no stop command"))
+        elif fired.get("ok") is False and not fired.get("attempts") and not any(
+                fired.get(k) for k in ("refused", "message", "error", "fallback", "last_resort_rc")):
+            # finding N4: the job's stop signal and sync come first; no attempt has failed yet
+            line = "reason=%s at %s stop pending (no stop attempt has run yet)" % (fired.get("reason"),
+                                                                                 fired.get("fired_at"))
         else:
             line = "reason=%s at %s stop_ok=%s %s" % (fired.get("reason"), fired.get("fired_at"), fired.get("ok"),
                                                        fired.get("refused") or fired.get("message") or "")
