@@ -115,6 +115,13 @@ def test_finding_node_C10_a_refused_notify_config_refuses_the_arm_and_the_launch
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "notify config" in lines[0] and "Traceback" not in res.stderr, res.stderr
     assert read(run / "deadman.json").get("state") != "armed"
+    # the boot sweep's re-arm watches anyway, with the warning (a run is never left unwatched)
+    rearm = deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--stop-cmd", stop, "--notify-refused-ok",
+                    "--grace-minutes", "60", env=env)
+    assert rearm.returncode == 0 and "notify config is refused" in rearm.stderr, rearm.stderr
+    procs.append(int(rearm.stdout.strip()))
+    deadman("ack", "--run-dir", run, "--disarm")
+    assert wait_for(lambda: not pid_alive(procs[-1]), 10)
     # a dry run tells no one, so it may arm
     ok = deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--stop-cmd", stop, "--dry-run",
                  "--grace-minutes", "60", env=env)

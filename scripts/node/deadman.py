@@ -66,7 +66,8 @@ again only after it came back 10% above the floor; a filesystem that does not an
 own list (run.json notify_events) narrows what is sent. RUN_DIR/notified.json records what was told, so a
 re-armed dead-man does not tell it again. A message a target dropped or a bad config refused is logged
 ("NOTIFY: ... NOT delivered") and counted in deadman.json notify_lost (run_status shows the count). A
-notify config the node refuses (notify.py check fails) is refused at arm time (exit 3), unless --dry-run.
+notify config the node refuses (notify.py check fails) is refused at arm time (exit 3), unless --dry-run
+or --notify-refused-ok (a warning; boot_resume.py re-arms that way: a run is never left unwatched).
 
 Usage:
   deadman.py arm --run-dir DIR [--stall-minutes 30] [--grace-minutes 15] [--max-hours H]
@@ -78,7 +79,7 @@ Usage:
                  [--job-pid PID] [--poll-seconds 30] [--lease-ttl-seconds S] [--repeat-minutes 15]
                  [--registry DIR] [--dry-run]
                  [--budget-usd USD --rate-per-hour X] [--disk-floor-gb 10] [--disk-floor-inodes 10000]
-                 [--foreground] [--json]
+                 [--notify-refused-ok] [--foreground] [--json]
   deadman.py ack --run-dir DIR [--postpone-minutes M | --disarm] [--json]
   deadman.py status --run-dir DIR [--json]
 
@@ -1184,7 +1185,11 @@ def build_config(args, run_dir):
         if problem:
             warnings.append("WARNING: " + problem)
     if not args.dry_run:
-        check_notify_config()
+        problem = notify_config_problem()
+        if problem and not getattr(args, "notify_refused_ok", False):
+            raise core.Refused(problem)
+        if problem:
+            warnings.append("WARNING: " + problem)
     if cfg["destructive"] and not args.allow_destructive:
         warnings.append("WARNING: the stop command is DESTRUCTIVE and --allow-destructive is not set: it will be "
                         "refused%s" % (" and the fallback run" if cfg["fallback_stop_cmd"]
@@ -1192,18 +1197,20 @@ def build_config(args, run_dir):
     return cfg, warnings
 
 
-def check_notify_config():
-    """Finding C10: a notify config the node refuses would make every message of this watcher vanish. Refuse to
-    arm (exit 3, one line) so the launch says so, instead of a watcher that tells no one. No config is fine."""
+def notify_config_problem():
+    """Finding C10: a notify config the node refuses would make every message of this watcher vanish. The arm
+    refuses (exit 3, one line) so the launch says so, instead of a watcher that tells no one; a re-arm after a
+    restart (--notify-refused-ok) warns instead, since a run must never be left unwatched. No config is fine."""
     try:
         import notify
     except ImportError:
-        return
+        return None
     try:
         notify.load_config()
     except (core.UsageError, core.Refused) as exc:
-        raise core.Refused("the notify config is refused (%s): no message would be sent; fix it (notify.py check) "
-                           "or move it away, then arm again" % str(exc).splitlines()[0][:300])
+        return ("the notify config is refused (%s): no message would be sent; fix it (notify.py check) or move "
+                "it away, then arm again" % str(exc).splitlines()[0][:300])
+    return None
 
 
 def armed(args):
@@ -1446,6 +1453,8 @@ def build_parser():
     arm.add_argument("--stop-cmd-destructive", action="store_true", help="--stop-cmd deletes data")
     add_watch_options(arm)
     arm.add_argument("--job-pid", type=int, help="watch this pid when status.json has none")
+    arm.add_argument("--notify-refused-ok", action="store_true",
+                     help="arm even when the notify config is refused, with a warning (the boot sweep's re-arm)")
     arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
     arm.add_argument("--json", action="store_true", help="print the armed dead-man as JSON")
 
