@@ -16,8 +16,8 @@ Runs ON THE GPU NODE, detached from any SSH session, and watches one run directo
              --stall-minutes (a hung NCCL collective or a deadlocked loader bills forever);
              while another watched run on the box still progresses, only THIS run's job is
              stopped (its stop signal, then its sync) and the box is left on for the other run;
-             never while the job is over and its supervisor syncs or waits on leftover members of
-             the job's process group (the stall clock starts again when the supervisor is done);
+             while the job is over and its supervisor syncs or waits on leftover members of the
+             job's process group, the limit is at least --sync-wait-seconds + 95 s (its own bound);
   max_hours  --max-hours passed since arming, whatever the job is doing.
 A torn or unreadable status.json is never read as "no job": the dead-man holds, and the stall
 rule and the cap still apply. Other runs on the box (the box registry, runrec.py) hold the stop
@@ -132,6 +132,7 @@ WATCH_RESERVE = ".rgt-watch-reserve"
 SUSPEND_THRESHOLD = 60.0
 BUDGET_WARN_SHARE = 0.8           # budget_80: this share of the hours the budget buys has passed
 DISK_RECOVER = 1.1                # a low disk counts as recovered only this far above its floor (hysteresis)
+WIND_DOWN_SECONDS = 95.0          # the supervisor's own bound on leftover group members (60 + 30 + 5 s)
 DISK_CHECK_SECONDS = 2.0          # a filesystem that does not answer statvfs in this long is skipped this poll
 # What this process runs: a push that replaces the folder later does not change it (status flags it).
 LOADED_VERSION = core.toolkit_version()
@@ -691,14 +692,21 @@ class Deadman(Watcher):
 
         winding_down = active and not unreadable and not job_alive and helper_alive and (
             state == "syncing" or bool((status or {}).get("waiting_for_group")))
-        if winding_down:
+        if winding_down and cfg["stall_minutes"]:
             # Finding A3 (residual): the job is over and its supervisor is waiting on leftover group members or
-            # syncing. Neither writes a heartbeat, and stopping the box now would lose the sync: the stall rule
-            # waits, and its clock starts again when the supervisor is done (the cap still applies).
-            self.progress_mono = now
-            self.note("job over; the supervisor is %s: the stall rule waits"
-                      % ("syncing" if state == "syncing" else "waiting for the job's leftover process group"))
-        elif active:
+            # syncing. Neither writes a heartbeat, and stopping the box now would lose the sync: the stall limit
+            # is at least the supervisor's own bounded wait plus --sync-wait-seconds, so only a supervisor hung
+            # far past both is stopped (the cap still applies).
+            quiet_since = max(self.progress_mono, self.resumed_mono or self.armed_mono)
+            limit = max(cfg["stall_minutes"] * 60, cfg["sync_wait_seconds"] + WIND_DOWN_SECONDS)
+            doing = "syncing" if state == "syncing" else "waiting for the job's leftover process group"
+            if now - quiet_since >= limit:
+                candidates.append(("stall", "job over but its supervisor has been %s with no progress for %s "
+                                            "(limit %s)" % (doing, dur(now - quiet_since), dur(limit))))
+            else:
+                self.due_at(quiet_since + limit)
+                self.note("job over; the supervisor is %s: the stall rule waits (up to %s)" % (doing, dur(limit)))
+        elif active and not winding_down:
             quiet_since = max(self.progress_mono, self.resumed_mono or self.armed_mono)
             quiet = now - quiet_since
             if cfg["stall_minutes"]:
