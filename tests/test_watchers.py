@@ -443,7 +443,9 @@ def test_finding_review_B3_the_re_arm_keeps_every_setting(tmp_path):
                "--term-grace-seconds", "11", "--sync-wait-seconds", "44", "--poll-seconds", "3", "--dry-run",
                "--lease-ttl-seconds", "400",
                "--repeat-minutes", "5", "--registry", str(tmp_path / "reg"), "--budget-usd", "20",
-               "--rate-per-hour", "2.5", "--disk-floor-gb", "3.5", "--disk-floor-inodes", "500", "--stop-cmd", stop]
+               "--rate-per-hour", "2.5", "--disk-floor-gb", "3.5", "--disk-floor-inodes", "500",
+               "--ssh-user", "trainer", "--lease-ttl-seconds", "600",
+               "--stop-cmd", stop]
     first = cfg_for(run, *options)
     again = cfg_for(run, *deadman.cfg_to_argv(first))
     for key in ("identity",):

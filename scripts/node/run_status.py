@@ -41,9 +41,11 @@ container restart never reads as a live job or an armed dead-man.
 
 The dead-man is shown in every state: "deadman armed", "deadman DOWN" (it says armed but its
 process is gone), "deadman exited" (stopped by a signal), "deadman disarmed", "deadman none" (never
-armed), or the firing. A finished run (succeeded, failed, sync_failed) whose dead-man is DOWN or
-exited and never fired is UNWATCHED: nothing on the node stops the meter, so it exits 8 with a hint
-(re-arm the dead-man, or stop the box yourself once the outputs are safe), whatever the job's outcome.
+armed), or the firing ("stop pending" until its first stop attempt has run). Messages the dead-man
+could not deliver are counted: "notify: N message(s) NOT delivered". A finished run (succeeded,
+failed, sync_failed) whose dead-man is DOWN or exited and never fired is UNWATCHED: nothing on the
+node stops the meter, so it exits 8 with a hint (re-arm the dead-man, or stop the box yourself once
+the outputs are safe), whatever the job's outcome.
 
 The sync is read from status.json "sync": "outputs verified (N files, SIZE)", "outputs NOT
 verified: REASON", or, for a run launched with no outputs declared, what was synced ("no outputs
@@ -298,6 +300,21 @@ def stale_daemon(run_dir, dm, current):
     return bool(dm.get("watching") and loaded and current and loaded != current)
 
 
+def stop_pending(fired):
+    """True while a firing has run no stop attempt yet (the job's stop signal and its sync come first)."""
+    if not fired or fired.get("ok") is not False or fired.get("dry_run") or fired.get("attempts"):
+        return False
+    return not any(fired.get(k) for k in ("refused", "message", "error", "fallback", "last_resort_rc"))
+
+
+def notify_lost(doc):
+    """The dead-man's count of messages dropped or refused (deadman.json notify_lost), or None."""
+    lost = doc.get("notify_lost") if isinstance(doc, dict) else None
+    if not isinstance(lost, dict) or not isinstance(lost.get("count"), int):
+        return None
+    return {"lost": lost["count"], "last": lost.get("last") if isinstance(lost.get("last"), str) else None}
+
+
 def deadman_words(dm):
     word = dm["word"]
     if word == "FIRED":
@@ -317,6 +334,8 @@ def one_line(r):
             bits.append("STOP NOT CONFIRMED (the stop exited 0 but this box is still up: stop it by hand)")
         elif dm.get("dry_run"):
             bits.append("dry run (nothing was stopped)")
+        elif dm.get("stop_pending"):   # finding N4: never "FAILED" before any attempt ran
+            bits.append("stop pending (no stop attempt has run yet)")
         elif dm.get("stop_ok") is not None:
             bits.append("stop command %s%s" % ("ok" if dm["stop_ok"] else "FAILED",
                                               " (confirmed)" if dm.get("stop_confirmed") else ""))
@@ -362,6 +381,9 @@ def one_line(r):
         bits.append(shown)
     if dm.get("stale_code"):
         bits.append("deadman runs OLDER CODE (%s) than the pushed toolkit: re-arm it" % dm.get("loaded_version"))
+    lost = (r.get("notify") or {}).get("lost")
+    if lost:
+        bits.append("notify: %d message(s) NOT delivered (%s)" % (lost, (r["notify"].get("last") or "?")[:120]))
     if r.get("cost_so_far") is not None:
         bits.append("cost ~%.2f over %s" % (r["cost_so_far"], core.human_age(r["cost_hours"] * 3600)))
     bits.append("toolkit %s" % (r.get("toolkit_version") or "unstamped"))
@@ -438,10 +460,12 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                      "fired_reason": fired.get("reason"), "fired_detail": fired.get("detail"),
                      "fired_at": fired.get("fired_at"), "stop_ok": fired.get("ok"),
                      "stop_confirmed": fired.get("confirmed"), "dry_run": fired.get("dry_run"),
+                     "stop_pending": stop_pending(fired),
                      "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
                      "stale_code": stale_daemon(run_dir, dm, version)},
          "unwatched": False, "sync": None, "toolkit_version": version, "checked_at": core.utc_iso(now),
-         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now), "cap_stopped": None}
+         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now), "cap_stopped": None,
+         "notify": notify_lost(core.read_json(p("deadman.json")))}
     cap = core.read_json(p(runrec.CAP_STOPPED))   # a damaged record only loses this line
     if cap:   # finding C2: the run's cap stopped this run only
         others = cap.get("other_runs") if isinstance(cap.get("other_runs"), list) else []
