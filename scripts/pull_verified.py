@@ -76,7 +76,8 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
 import sync as node_sync  # noqa: E402  (where a run's kept generations live)
 from evidence import (MANIFEST_NAME, PARTIAL_DIR, VERIFIED_NAME, file_set, parse_manifest, problem,  # noqa: E402
@@ -773,15 +774,50 @@ def emit(args, summary: dict, lines) -> None:
         print(line)
 
 
+def results_root(root):
+    """The run's results dir for ROOT: ROOT itself, or DURABLE/results/RID for a kept generation
+    DURABLE/generations/RID/N (pull_verified.py --generation N)."""
+    gen = node_sync.generation_of(root)
+    return gen[0] if gen else root
+
+
+def run_dir_of(root):
+    """DURABLE_DIR/runs/RID for a results root DURABLE_DIR/results/RID (or a generation of it), else None."""
+    parent, rid = os.path.split(results_root(root).rstrip("/"))
+    if os.path.basename(parent) == "results" and rid:
+        return os.path.join(os.path.dirname(parent), "runs", rid)
+    return None
+
+
+def run_activity(host, run_dir: str, rsh) -> dict:
+    """rgt_core.run_activity for RUN_DIR on the node (the core streamed to `python3 -`, nothing written there),
+    or here for a local run dir. Raises FetchError when the node does not answer."""
+    script = os.path.join(HERE, "node", "rgt_core.py")
+    if host is None:
+        argv, payload = [sys.executable, script, "--run-state", os.path.expanduser(run_dir)], None
+    else:
+        argv = rsh_argv(rsh) + [host, "python3 - --run-state " + remote_quote(run_dir)]
+        payload = core.streamed_program(script, modules=())
+    try:
+        done = subprocess.run(argv, input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                              stdin=None if payload is not None else subprocess.DEVNULL)
+        doc = json.loads(done.stdout.decode("utf-8", "replace"))
+        if not isinstance(doc, dict) or "live" not in doc:
+            raise ValueError("no answer")
+        return doc
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise FetchError(f"cannot tell whether run {run_dir} still runs on {host or 'this machine'} "
+                         f"({getattr(exc, 'strerror', None) or exc})")
+
+
 def still_running(host, root, rsh):
     """Why the run whose results dir is ROOT still runs (the gate's own run-state check, on the node), or None
     when it does not, or when that cannot be told (not a DURABLE/results/RID root, no answer)."""
-    import teardown_gate   # only on this path: the gate imports this module
-    run_dir = teardown_gate.run_dir_of(root)
+    run_dir = run_dir_of(root)
     if run_dir is None:
         return None
     try:
-        activity = teardown_gate.run_activity(host, run_dir, rsh)
+        activity = run_activity(host, run_dir, rsh)
     except Exception:  # noqa: BLE001  (no answer: the manifest's own reason stands)
         return None
     return (activity.get("why") or "it is live") if activity.get("live") else None

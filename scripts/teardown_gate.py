@@ -75,11 +75,8 @@ SWEEP_HINT = ("  this gate covers run %s only: if the box ran other runs, first 
               "`python3 ~/rgt-bin/final_sweep.py --runs-dir %s` (exit 0 = every run saved)")
 
 
-def results_root(root):
-    """The run's results dir for ROOT: ROOT itself, or DURABLE/results/RID for a kept generation
-    DURABLE/generations/RID/N (pull_verified.py --generation N)."""
-    gen = node_sync.generation_of(root)
-    return gen[0] if gen else root
+# The run's place on the node, and whether it still runs there: pull_verified.py owns both (it asks too).
+results_root, run_dir_of, run_activity = pv.results_root, pv.run_dir_of, pv.run_activity
 
 
 def runs_dir_of(source):
@@ -91,35 +88,6 @@ def runs_dir_of(source):
         return pv.remote_quote(os.path.join(os.path.dirname(parent), "runs"))   # a leading ~/ stays expandable
     return "DURABLE_DIR/runs"
 DEFAULT_LOAD_GLOBS = ("**/*.pt", "**/*.pth", "**/*.ckpt", "**/*.safetensors")
-
-
-def run_dir_of(root):
-    """DURABLE_DIR/runs/RID for a results root DURABLE_DIR/results/RID (or a generation of it), else None."""
-    parent, rid = os.path.split(results_root(root).rstrip("/"))
-    if os.path.basename(parent) == "results" and rid:
-        return os.path.join(os.path.dirname(parent), "runs", rid)
-    return None
-
-
-def run_activity(host, run_dir: str, rsh) -> dict:
-    """rgt_core.run_activity for RUN_DIR on the node (the core streamed to `python3 -`, nothing written there),
-    or here for a local run dir. Raises pv.FetchError when the node does not answer."""
-    script = os.path.join(HERE, "node", "rgt_core.py")
-    if host is None:
-        argv, payload = [sys.executable, script, "--run-state", os.path.expanduser(run_dir)], None
-    else:
-        argv = pv.rsh_argv(rsh) + [host, "python3 - --run-state " + pv.remote_quote(run_dir)]
-        payload = core.streamed_program(script, modules=())
-    try:
-        done = subprocess.run(argv, input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
-                              stdin=None if payload is not None else subprocess.DEVNULL)
-        doc = json.loads(done.stdout.decode("utf-8", "replace"))
-        if not isinstance(doc, dict) or "live" not in doc:
-            raise ValueError("no answer")
-        return doc
-    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        raise pv.FetchError(f"cannot tell whether run {run_dir} still runs on {host or 'this machine'} "
-                            f"({getattr(exc, 'strerror', None) or exc})")
 
 
 UsageError = core.UsageError

@@ -229,13 +229,8 @@ def import_cycles(folders):
     return cycles
 
 
-# Came in with main's N18 change (pull_verified.still_running imports teardown_gate, which imports pull_verified),
-# outside issue 37's files; reported, to be broken by its owner. Any other circle fails here.
-KNOWN_CIRCLES = [["pull_verified", "teardown_gate", "pull_verified"]]
-
-
 def test_finding_review_D5_no_import_circle_among_the_scripts():
-    assert [c for c in import_cycles([SCRIPTS]) if c not in KNOWN_CIRCLES] == []
+    assert import_cycles([SCRIPTS]) == []
     ledger_users = ("billing", "notify_cli", "reap", "rgt", "ledger")
     assert not [c for c in import_cycles([SCRIPTS]) if set(c) & set(ledger_users)]
 
