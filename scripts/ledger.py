@@ -126,6 +126,8 @@ def fold(rows):
     runs, boxes, machine_at = {}, {}, {}
     for index, event in enumerate(rows):
         address = event.get("box") or event.get("host")
+        if address is None and event.get("event") == "reap":
+            continue      # the reaper's digest row: about every box, no box of its own
         mid = event.get("machine_id") if event.get("event") == "push" else None
         if mid and machine_at.get(address) is None and (address, None) in boxes:
             for table in (runs, boxes):   # the first machine id learned for this address: adopt the rows
@@ -187,6 +189,16 @@ def fold(rows):
         rec["last_event"], rec["last_seen"] = event.get("event"), event.get("time")
         rec["host"] = event.get("host") or rec["host"]
     return runs, boxes
+
+
+def last_reap(box):
+    """The reaper's last stop or terminate of BOX (a fold() box): {action, rule, confirmed, time}, or None."""
+    acts = [r for r in box.get("reaps") or [] if r.get("action") in ("stop", "terminate")]
+    if not acts:
+        return None
+    row = acts[-1]
+    return {"action": row["action"], "rule": row.get("rule"), "confirmed": row.get("confirmed"),
+            "time": row.get("time")}
 
 
 def active(rec):

@@ -1118,11 +1118,15 @@ def cmd_ledger(args):
                 ", ".join(box_label(b["box"], b["machine_id"]) for b in seen_boxes[:-1])))
     torn_lines = ["WARN ledger line %d is not a whole row (torn by a crash or a full disk), not counted: %s" % t
                   for t in torn]
+    reaped = [dict(ledger.last_reap(b), host=b["host"], box=b["box"]) for b in boxes.values() if ledger.last_reap(b)]
+    notes += ["%s %s (box %s): the reaper's %s, rule %s, at %s" % (
+        ("REAPED" if r["action"] == "stop" else "TERMINATED") if r["confirmed"] else "REAP NOT CONFIRMED",
+        r["host"], r["box"], r["action"], r["rule"] or "-", r["time"]) for r in reaped]
     if args.json:
         for box in idle_boxes:
             box.pop("last_push", None), box.pop("last_run_event", None)
         core.emit_json({"ledger": path, "runs": sorted(open_runs, key=lambda r: (r["host"], r["box"], r["run_id"])),
-                        "boxes_without_runs": idle_boxes, "notes": notes,
+                        "boxes_without_runs": idle_boxes, "notes": notes, "reaped": reaped,
                         "torn_rows": [{"line": n, "text": t} for n, t in torn]})
         return 1 if torn else 0
     for line in torn_lines:

@@ -195,6 +195,10 @@ def test_a_gate_passed_box_is_stopped_after_the_grace_and_two_reapers_stop_once(
     assert [code for code, _doc in results] == [0, 0], results
     actions = sorted(d["decisions"][0]["action"] for _c, d in results)
     assert actions == ["none", "stop"] and len(stops(api)) == 1, results
+    listed = rgt(tmp_path, server, "ledger", "--all")                 # the ledger says who stopped it, and why
+    assert "REAPED gpu-box" in listed.stdout and "rule done" in listed.stdout, listed.stdout
+    doc = json.loads(rgt(tmp_path, server, "--json", "ledger", "--all").stdout)
+    assert [(r["action"], r["rule"], r["confirmed"]) for r in doc["reaped"]] == [("stop", "done", True)], doc
     for proc in both:
         proc.stdout.close()
         proc.stderr.close()
