@@ -189,8 +189,13 @@ def collect(environ=None, home=None, timeout=30.0, only=None):
 
 def report_billing(events, environ=None, home=None, timeout=30.0):
     items, providers = collect(environ, home, timeout)
-    runs = ledger.fold(events)[0]   # the one fold, keyed by box identity
+    runs, boxes = ledger.fold(events)   # the one fold, keyed by box identity
     classify(items, runs)
+    for item in items:   # the reaper's last stop of the box this item is, said beside it
+        keys = {(r["box"], r["machine_id"]) for r in runs.values() if matches(item, r)}
+        reaps = [ledger.last_reap(boxes[k]) for k in keys if k in boxes and ledger.last_reap(boxes[k])]
+        if reaps:
+            item["reaped"] = max(reaps, key=lambda r: r.get("time") or "")
     missing, unseen = unlisted_runs(items, runs, providers)
     for p in providers:
         p["cannot_see"] = unseen.get(p["provider"])
@@ -226,9 +231,11 @@ def human_report(doc):
         if item.get("bills_now"):
             rate += " (bills %s)" % item["bills_now"] if item["label"] != STORAGE else " (%s)" % item["bills_now"]
         runs = ", ".join("%s %s" % (r["box"] or r["host"], r["run_id"]) for r in item.get("ledger") or []) or "-"
-        lines.append("%-24s %-10s %-15s %-14s %-9s %-8s %s  ledger: %s" % (
+        reaped = item.get("reaped")
+        lines.append("%-24s %-10s %-15s %-14s %-9s %-8s %s  ledger: %s%s" % (
             item["label"], item["provider"], item["kind"], item["id"], item["state"], rate, item.get("name") or "",
-            runs))
+            runs, "  %s by the reaper (rule %s, %s)" % ("REAPED" if reaped["confirmed"] else "REAP NOT CONFIRMED",
+                                                      reaped["rule"] or "-", reaped["time"]) if reaped else ""))
     for rec in doc["not_listed"]:
         lines.append("%s %s: ledger run %s on %s (%s) is not listed: terminated (nothing bills), or under another "
                      "account or key (it may still bill)" % (NOT_LISTED, rec["provider"], rec["run_id"],

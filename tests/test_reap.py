@@ -199,6 +199,11 @@ def test_a_gate_passed_box_is_stopped_after_the_grace_and_two_reapers_stop_once(
     assert "REAPED gpu-box" in listed.stdout and "rule done" in listed.stdout, listed.stdout
     doc = json.loads(rgt(tmp_path, server, "--json", "ledger", "--all").stdout)
     assert [(r["action"], r["rule"], r["confirmed"]) for r in doc["reaped"]] == [("stop", "done", True)], doc
+    env = dict(os.environ, HOME=str(tmp_path / "laptop-home"), VAST_API_KEY=KEY, RGT_VASTAI_API_URL=api.url)
+    bill = subprocess.run([sys.executable, str(SCRIPTS / "rgt.py"), "--ledger", str(tmp_path / "ledger.jsonl"),
+                           "billing"], capture_output=True, text=True, env=env, timeout=120)
+    line = [l for l in bill.stdout.splitlines() if INSTANCE in l]
+    assert line and "REAPED by the reaper (rule done" in line[0], bill.stdout + bill.stderr
     for proc in both:
         proc.stdout.close()
         proc.stderr.close()
