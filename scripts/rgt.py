@@ -48,7 +48,8 @@ status and pull record the run dir they used (--durable-dir reaches a run rgt.py
 
 launch: everything after the first `--` up to a second `--` goes to run_one.sh unchanged (its
 output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); the words after the
-last `--` are the job. With one `--` only, all of it is the job. The run dir is
+last `--` are the job. With one `--` only, all of it is the job. A launch with no resume adapter
+(--resume-glob/--resume-arg) warns that a restart would supersede its results. The run dir is
 DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
 DURABLE_DIR/results/RID; later commands find both in the ledger. `rgt.py launch --help` lists:
   run_one.sh options most launches use: --output GLOB, --stall-minutes M, --max-hours H, --require-gpu, --wait
