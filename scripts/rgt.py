@@ -604,8 +604,8 @@ def node_python(args):
     falls back to python3 (finding_field_N14). The tools that import nothing beyond the toolkit run with -S
     (no site-packages scan: 20-30 ms where a .pth file imports something)."""
     record_path = remote_word(args.node_dir) + '/%s-"$n-$m"' % core.INTERPRETER_FILE
-    return Raw('"$( %s; { read -r p < %s && [ -x "$p" ] && "$p" -S -c "" >/dev/null && printf %%s "$p"; } </dev/null '
-               '2>/dev/null || printf python3)"' % (core.BOX_KEY_SHELL, record_path))
+    return Raw('"$( %s; { read -r p < %s && [ -x "$p" ] && "$p" -S -c "" >/dev/null && printf %%s "$p"; } '
+               '</dev/null 2>/dev/null || printf python3)"' % (core.BOX_KEY_SHELL, record_path))
 
 
 def node_json(args, ssh, argv, what, timeout, limit=ANSWER_MAX):
@@ -1092,7 +1092,7 @@ def cmd_pull(args, ssh):
     if args.generation is not None:
         argv += ["--generation", str(args.generation)]
     rc, signum = run_child(argv)
-    if signum is not None:     # killed by its caller: the pull stopped with it, and the ledger says so
+    if signum is not None and rc != 0:   # killed by its caller: the pull stopped with it, and the ledger says so
         record(args, event="pull", run_id=rid, dest=args.dest, generation=args.generation, result="interrupted",
                state="pull_interrupted", attempt=ledger_attempt(args, rid), run_dir=run_dir, results_dir=results)
         core.say_error("pull interrupted (%s): re-run the same command to continue" % signal_name(signum),
