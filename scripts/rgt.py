@@ -675,6 +675,8 @@ def cmd_launch(args, ssh):
     if args.durable_dir:
         argv += ["--durable-dir", args.durable_dir]
     argv += options + ["--"] + job
+    # recorded before the node acts, and before any other line: a refusal is the command's one line
+    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     import reap
     reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
     if reaper:           # only a launch that names its instance can be reaped
@@ -690,8 +692,12 @@ def cmd_launch(args, ssh):
                          "a resume after a preemption or failure restarts it from step 0, and its results then "
                          "supersede this attempt's (resume --force-restart keeps them on the node as a "
                          "generation)\n")
-    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
-    res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
+    try:
+        res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
+    except Unreachable:   # the node never ran it (ssh exit 255): the pending row must not list a live run
+        record(args, event="launch", run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir,
+               state="launch_failed", rc=SSH_UNREACHABLE)
+        raise
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
