@@ -125,6 +125,7 @@ NODE_SRC = os.path.join(HERE, "node")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, NODE_SRC)
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402  (the run's state words)
 
 DEFAULT_NODE_DIR = "~/rgt-bin"
 SSH_UNREACHABLE = 255
@@ -456,7 +457,7 @@ def ledger_runs(events):
         elif event.get("event") in ("launch", "resume") and event.get("state") == "launched":
             rec["gate"] = None  # a new attempt runs (and bills) again: an earlier gate PASS no longer covers it
         elif rec["gate"] == "PASS" and event.get("event") in ("status", "patrol") and (
-                event.get("state") in core.ACTIVE_RUN_STATES or
+                event.get("state") in runrec.REPORTED_ACTIVE or
                 (isinstance(attempt, int) and isinstance(rec.get("gated_attempt"), int) and
                  attempt > rec["gated_attempt"])):
             rec["gate"] = None  # the node says an attempt runs that the gate never saw: it bills again
@@ -503,9 +504,8 @@ def run_paths(args, rid, profile=None):
 
 
 def check_run_id(rid):
-    import re
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", rid or ""):
-        raise core.UsageError("run id %r: letters, digits, '.', '_' and '-' only (max 100)" % rid)
+    if not core.RUN_ID_RE.match(rid or ""):   # the one rule, shared with the node and the schemas (review D4)
+        raise core.UsageError("run id %r: letters, digits, '.', '_' and '-' only (max %d)" % (rid, core.RUN_ID_MAX))
     return rid
 
 
@@ -672,10 +672,11 @@ def cmd_launch(args, ssh):
     options, budget = launch_budget(args, options)
     argv = [Raw("RGT_PYTHON=" + node_python(args)), "bash", node_tool(args, "run_one.sh"), "--profile", profile,
             "--run-id", rid, "--run-dir", run_dir]
-    if args.durable_dir:
-        argv += ["--durable-dir", args.durable_dir]
-    argv += options + ["--"] + job
-    # recorded before the node acts, and before any other line: a refusal is the command's one line
+    durable = args.durable_dir or run_dir.rsplit("/runs/", 1)[0]
+    argv += ["--durable-dir", durable]   # never a DURABLE_DIR of the node's environment: pull and gate look here
+    node_json = "--json" not in options  # the node answers where the run went (review D4): recorded as given
+    argv += options + (["--json"] if node_json else []) + ["--"] + job
+    # the first ledger row, before the node acts and before any warning: a refusal is the only line
     pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     import reap
     reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
@@ -700,6 +701,10 @@ def cmd_launch(args, ssh):
         raise
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
+    answer = node_answer(out)
+    run_dir, results_dir = answer.get("run_dir") or run_dir, answer.get("results_dir") or results_dir
+    if answer and node_json:
+        out = launch_text(answer)
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
               "budget": budget["note"],
               "watch": again(args, "status", args.host, rid), "eta": "unknown until the "
@@ -715,8 +720,8 @@ def cmd_launch(args, ssh):
     report(args, fields, human if ok else "%s launch of %s exited %d" % (core.FAIL, rid, res.returncode))
     sys.stdout.flush()
     record(args, event="launch", run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir,
-           state="launched" if ok else "launch_failed", rc=res.returncode, attempt=launched_attempt(out),
-           **budget["ledger"])
+           state="launched" if ok else "launch_failed", rc=res.returncode,
+           attempt=answer.get("attempt") if isinstance(answer.get("attempt"), int) else None, **budget["ledger"])
     return res.returncode
 
 
@@ -742,16 +747,27 @@ def pending_row(args, **fields):
                             % (path, exc.strerror or exc, args.host))
 
 
-def launched_attempt(out):
-    """The attempt number run_one.sh reported ("attempt:  N", or "attempt" in its --json), else None."""
+def node_answer(out):
+    """run_one.sh --json's launch report (the node's own run_dir, results_dir, attempt), or {} when the node
+    printed none (it refused before the report)."""
     try:
         doc = json.loads(out)
-        if isinstance(doc, dict) and isinstance(doc.get("attempt"), int):
-            return doc["attempt"]
     except ValueError:
-        pass
-    found = re.search(r"^attempt:\s+(\d+)\s*$", out, re.M)
-    return int(found.group(1)) if found else None
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if not (k in ("run_dir", "results_dir") and not isinstance(v, str))}
+
+
+def launch_text(answer):
+    """The node's launch report as run_one.sh prints it without --json."""
+    import launcher
+    lines = launcher.report_text(answer)
+    final = answer.get("final") if isinstance(answer.get("final"), dict) else None
+    if final:
+        lines += "finished: state %s, job exit code %s\n" % (final.get("state") or "?", "?" if
+                                                             final.get("exit_code") is None else final["exit_code"])
+    return lines
 
 
 def ledger_attempt(args, rid):
@@ -924,7 +940,7 @@ def cmd_resume(args, ssh):
 
 PATROL_ESCALATE = 10
 PATROL_MARK = "@@rgt-exit "
-BAD_STATES = ("stalled", "failed", "sync_failed", "interrupted", "deadman_fired")
+BAD_STATES = ("stalled",) + tuple(w for w in runrec.REPORTED_OVER if w != "succeeded")
 
 
 def patrol_trip(args, ssh, jobs, read):

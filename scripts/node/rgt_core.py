@@ -55,8 +55,6 @@ STAMP_NAME = "VERSION.json"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 # The one status vocabulary. Check results use the first row; run states the second.
 OK, FAIL, REFUSED, STALE, WARN, SKIP = "OK", "FAIL", "REFUSED", "STALE", "WARN", "SKIP"
-RUN_STATES = ("starting", "running", "stalled", "syncing", "succeeded", "failed", "sync_failed",
-              "interrupted", "deadman_fired")  # runrec.STATES is the same set, with its subsets
 
 DEFAULT_MIN_FREE_INODES = 10000
 # The one disk floor a launch or a queue cell is refused below (GiB free), when neither the flag, DISK_FLOOR_GB
@@ -65,6 +63,11 @@ DEFAULT_MIN_FREE_INODES = 10000
 DEFAULT_DISK_FLOOR_GB = 10.0
 DEFAULTS = {"disk_floor_gb": DEFAULT_DISK_FLOOR_GB, "min_free_inodes": DEFAULT_MIN_FREE_INODES}
 DEFAULT_STALL_MINUTES = 30.0
+# The one run-id rule (finding D4): the launch, the laptop, the manifest and both schemas (manifest.schema.json,
+# job_request.schema.json) use this pattern; run_one.sh spells it in bash and a test holds the copies equal.
+RUN_ID_MAX = 100
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,%d}$" % (RUN_ID_MAX - 1)
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
 
 
@@ -542,15 +545,6 @@ def load_json_strict(path, what="file"):
     if not isinstance(obj, dict):
         raise UsageError("%s %s is not a JSON object" % (what, path))
     return obj
-
-
-def update_json(path, **fields):
-    """Read-modify-write one JSON state file atomically, stamping updated_at."""
-    doc = read_json(path)
-    doc.update(fields)
-    doc["updated_at"] = utc_iso()
-    atomic_write_json(path, doc)
-    return doc
 
 
 # ---------------------------------------------------------------- processes
@@ -1057,13 +1051,15 @@ DEADMAN_FILE = "deadman.json"
 DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
-ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")  # == runrec.ACTIVE (a test holds them equal)
 
 
-def attempt_alive(status):
-    """Whether the supervisor or the job a status.json records is still that same process."""
-    return bool(record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-                or record_alive(status.get("job_identity"), status.get("job_pid")))
+def attempt_alive(status, procs=HERE):
+    """Whether the job, supervisor or launcher a status.json records is still that same process: runrec.activity's
+    rule (a test holds them equal), here for the teardown gate's run_activity, which travels without runrec."""
+    started = parse_iso(status.get("started_at"))
+    return any(record_alive(status.get(role + "_identity"), status.get(role + "_pid"), started, procs)
+               for role in ("job", "supervisor", "launcher")
+               if status.get(role + "_pid") or isinstance(status.get(role + "_identity"), dict))
 
 
 def lock_held(path, exclusive=False):
