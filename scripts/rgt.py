@@ -48,7 +48,8 @@ status and pull record the run dir they used (--durable-dir reaches a run rgt.py
 
 launch: everything after the first `--` up to a second `--` goes to run_one.sh unchanged (its
 output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); the words after the
-last `--` are the job. With one `--` only, all of it is the job. The run dir is
+last `--` are the job. With one `--` only, all of it is the job. A launch with no resume adapter
+(--resume-glob/--resume-arg) warns that a restart would supersede its results. The run dir is
 DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
 DURABLE_DIR/results/RID; later commands find both in the ledger. `rgt.py launch --help` lists:
   run_one.sh options most launches use: --output GLOB, --stall-minutes M, --max-hours H, --require-gpu, --wait
@@ -486,8 +487,8 @@ def node_python(args):
     falls back to python3 (finding_field_N14). The tools that import nothing beyond the toolkit run with -S
     (no site-packages scan: 20-30 ms where a .pth file imports something)."""
     record_path = remote_word(args.node_dir) + '/%s-"$n-$m"' % core.INTERPRETER_FILE
-    return Raw('"$( %s; { read -r p < %s && [ -x "$p" ] && "$p" -S -c "" >/dev/null && printf %%s "$p"; } </dev/null '
-               '2>/dev/null || printf python3)"' % (core.BOX_KEY_SHELL, record_path))
+    return Raw('"$( %s; { read -r p < %s && [ -x "$p" ] && "$p" -S -c "" >/dev/null && printf %%s "$p"; } '
+               '</dev/null 2>/dev/null || printf python3)"' % (core.BOX_KEY_SHELL, record_path))
 
 
 def node_json(args, ssh, argv, what, timeout, limit=ANSWER_MAX):
@@ -575,7 +576,12 @@ def cmd_launch(args, ssh):
                          "a resume after a preemption or failure restarts it from step 0, and its results then "
                          "supersede this attempt's (resume --force-restart keeps them on the node as a "
                          "generation)\n")
-    res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
+    try:
+        res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
+    except Unreachable:   # the node never ran it (ssh exit 255): the pending row must not list a live run
+        record(args, event="launch", run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir,
+               state="launch_failed", rc=SSH_UNREACHABLE)
+        raise
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
     answer = node_answer(out)
@@ -1009,7 +1015,7 @@ def cmd_pull(args, ssh):
     if args.generation is not None:
         argv += ["--generation", str(args.generation)]
     rc, signum = run_child(argv)
-    if signum is not None:     # killed by its caller: the pull stopped with it, and the ledger says so
+    if signum is not None and rc != 0:   # killed by its caller: the pull stopped with it, and the ledger says so
         record(args, event="pull", run_id=rid, dest=args.dest, generation=args.generation, result="interrupted",
                state="pull_interrupted", attempt=ledger_attempt(args, rid), run_dir=run_dir, results_dir=results)
         core.say_error("pull interrupted (%s): re-run the same command to continue" % signal_name(signum),
