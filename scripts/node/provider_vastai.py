@@ -9,7 +9,8 @@ vastai CLI's order).
 
 Calls (Authorization: Bearer <key>; the paths the vastai CLI uses):
   state      GET    /api/v0/instances/{id}/?owner=me   -> {"instances": {...} | null}
-             cur_state unloaded or instances null -> gone; cur_state stopped (container not running) ->
+             cur_state unloaded or HTTP 404 -> gone; instances null -> missing (confirms a terminate only);
+             instances.id not this instance -> unknown; cur_state stopped (container not running) ->
              stopped; intended_status stopped otherwise -> stopping; actual_status unknown/offline -> unknown
   stop       PUT    /api/v0/instances/{id}/  {"state": "stopped"}   (disk keeps billing)
   terminate  DELETE /api/v0/instances/{id}/                          (destroys the instance and its disk)
@@ -35,9 +36,12 @@ URL_VARS = ("RGT_VASTAI_API_URL", "VAST_URL")
 RUNNING = ("running", "loading", "rebooting", "frozen", "created", "scheduling")
 
 
-def instance_state(inst):
+def instance_state(inst, ident=None):
+    """The state word of one instance object; IDENT (ours): an answer about another instance is unknown."""
     if not isinstance(inst, dict):
-        return "gone"
+        return "missing"
+    if ident is not None and str(inst.get("id")) != str(ident):
+        return "unknown"
     cur = str(inst.get("cur_state") or "").lower()
     actual = str(inst.get("actual_status") or "").lower()
     intended = str(inst.get("intended_status") or "").lower()
@@ -74,7 +78,7 @@ class VastAI(pv.Adapter):
             return "gone"
         if not isinstance(doc, dict) or "instances" not in doc:
             raise pv.ProviderError("http", "vastai: answer has no 'instances' key")
-        return instance_state(doc.get("instances"))
+        return instance_state(doc.get("instances"), self.instance_id)
 
     def stop(self, timeout=pv.DEFAULT_TIMEOUT_S):
         return self._checked(self._call("PUT", self._path(), {"state": "stopped"}, timeout=timeout))
@@ -85,7 +89,8 @@ class VastAI(pv.Adapter):
 
     def _checked(self, doc):
         if isinstance(doc, dict) and doc.get("success") is False:
-            raise pv.ProviderError("http", "vastai: request refused: %s" % str(doc.get("msg") or doc.get("error"))[:200])
+            raise pv.ProviderError("http", "vastai: request refused: %s" % core.redact(str(doc.get("msg") or
+                                                                                         doc.get("error")))[:200])
         return doc
 
     def list(self, timeout=pv.DEFAULT_TIMEOUT_S):
