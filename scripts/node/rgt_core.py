@@ -1038,7 +1038,7 @@ KEY_FILE_VARS = {"RGT_LAMBDA_KEY_FILE": "~/.lambda_cloud/lambda_keys",
 SECRET_WORDS = re.compile(r"(?i)((?:authorization|proxy-authorization)\s*[:=]\s*(?:bearer\s+|basic\s+|token\s+)?"
                           r"|\b(?:bearer|basic)\s+"
                           r"|\b[\w-]*(?:api[_-]?key|apikey|token|secret|password|passwd)[\"']?\s*[=:]\s*[\"']?)"
-                          r"([^\s\"'&,;}]+)")
+                          r"(?!\$)([^\s\"'&,;}]+)")      # a $VAR is a name, not a value
 MIN_SECRET_LEN = 6       # shorter values ("1", "yes") are not keys and would blank out ordinary words
 
 
