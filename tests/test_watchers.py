@@ -40,8 +40,8 @@ def calls_of(path):
 
 def arm_fg(run, *args, env=None, timeout=60):
     return subprocess.run([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
-                           "--foreground", *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                           "--foreground", "--stop-retry-minutes", "0", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=timeout)   # retries: tests/test_stop_engine.py
 
 
 # ----------------------------------------------------------------------------- the stop engine: drills
