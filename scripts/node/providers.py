@@ -385,14 +385,16 @@ def stop_and_confirm(adapter, action, poll_s=DEFAULT_POLL_S, cap_s=DEFAULT_CAP_S
 
     def call(fn):
         """FN(timeout) with rate/network retries inside the cap; (result, None) or (None, ProviderError)."""
+        last = None
         while True:
             budget = left()
-            if budget <= 0:
-                return None, ProviderError("timeout", "the %.0f s cap ran out" % cap_s)
+            if budget <= 0:   # the last error says what kept failing (a network outage stays "network")
+                return None, last or ProviderError("timeout", "the %.0f s cap ran out" % cap_s)
             out["requests"] += 1
             try:
                 return fn(min(request_timeout, budget)), None
             except ProviderError as exc:
+                last = exc
                 if exc.kind in ("auth", "config", "http"):
                     return None, exc
                 wait = exc.retry_after if (exc.kind == "rate" and exc.retry_after is not None) else poll_s
