@@ -80,7 +80,7 @@ class Fire(object):
         self.fallback, self.fallback_calls = stand_in(tmp, "fallback", rc=0)
         self.env = dict(provider_env(tmp, provider, self.api), RGT_REGISTRY=str(tmp / "registry"), **hook_env)
         args = [sys.executable, DEADMAN, "arm", "--run-dir", str(self.run), "--foreground", "--profile", provider,
-                "--poll-seconds", POLL, "--grace-minutes", "0", "--confirm-seconds", "0.8", "--retries", "1",
+                "--poll-seconds", POLL, "--grace-minutes", "0", "--confirm-seconds", "0.5", "--retries", "1",
                 "--retry-backoff", "0", "--still-up-seconds", "0", "--stop-retry-minutes", "0.004",
                 "--repeat-minutes", "0.002", "--fallback-stop-cmd", self.fallback, *QUIET_DISK]
         self.proc = subprocess.Popen(args + list(map(str, extra)), env=self.env, stdout=subprocess.DEVNULL,
