@@ -22,8 +22,9 @@ Calls (Authorization: Bearer <key>):
 API base: RGT_LAMBDA_API_URL, else https://cloud.lambdalabs.com/api/v1.
 Confirmation: GET /instances/{id} answers 404 or status terminated.
 
-Usage: provider_lambda.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile lambda)
+Usage: provider_lambda.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile lambda)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import os

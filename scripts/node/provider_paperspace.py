@@ -17,8 +17,9 @@ Calls (Authorization: Bearer <key>; Paperspace OpenAPI v1):
 API base: RGT_PAPERSPACE_API_URL, else https://api.paperspace.com/v1.
 Confirmation: state reads off (stop), or the machine answers 404 (terminate).
 
-Usage: provider_paperspace.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile paperspace)
+Usage: provider_paperspace.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile paperspace)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import re

@@ -16,8 +16,9 @@ Calls (POST {base}/graphql, Authorization: Bearer <key>; what the runpod SDK and
 API base: RGT_RUNPOD_API_URL, else RUNPOD_API_BASE_URL (the SDK's variable), else https://api.runpod.io.
 Confirmation: the Pod reads EXITED with no runtime (stop), or TERMINATED / no such Pod (terminate).
 
-Usage: provider_runpod.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile runpod)
+Usage: provider_runpod.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile runpod)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import os

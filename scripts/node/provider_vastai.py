@@ -18,8 +18,9 @@ Calls (Authorization: Bearer <key>; the paths the vastai CLI uses):
 API base: RGT_VASTAI_API_URL, else VAST_URL (the CLI's variable), else https://console.vast.ai.
 Confirmation: cur_state reads stopped (stop), or unloaded / no such instance (terminate).
 
-Usage: provider_vastai.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile vastai)
+Usage: provider_vastai.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile vastai)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import json
