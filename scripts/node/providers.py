@@ -426,8 +426,8 @@ def stop_and_confirm(adapter, action, poll_s=DEFAULT_POLL_S, cap_s=DEFAULT_CAP_S
                 wait = max(poll_s, exc.retry_after)
         out["polls"] += 1
         out["state"] = state
-        if state not in STATES or state == "unknown":
-            out["unknown_reads"] += 1            # neither counts nor resets
+        if state not in STATES or state == "unknown" or (state == "missing" and not adapter.confirmed(state, action)):
+            out["unknown_reads"] += 1            # neither counts nor resets (a null object says nothing of a stop)
         elif adapter.confirmed(state, action):
             streak.append((clock(), state))
         else:
