@@ -492,7 +492,11 @@ class Watcher(object):
             retry.update(state="waiting", next_at=stamp(time.time() + gap))
             self.save_fired()
             wake = time.monotonic() + gap
+            renewed = time.monotonic()
             while time.monotonic() < wake:
+                if time.monotonic() - renewed >= self.cfg["poll_seconds"]:
+                    self.renew_lease()            # still watching: a reaper off the box reads this lease
+                    renewed = time.monotonic()
                 ack = core.read_json(self.p("ACK"))
                 if self.stop_requested or (ack.get("at") and ack.get("at") != start_ack):
                     retry.update(state="acknowledged" if not self.stop_requested else "stopped by signal",

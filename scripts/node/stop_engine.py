@@ -486,7 +486,7 @@ class Engine(object):
     def escalate(self, why):
         entry = {"at": core.utc_iso(), "why": why, "host": socket.gethostname()}
         self.rec["escalations"].append(entry)
-        self.log("!!! %s: %s !!!" % (NOT_CONFIRMED if "confirm" in why else "STOP FAILED", why))
+        self.log("!!! %s: %s !!!" % (NOT_CONFIRMED if "confirm" in why.lower() else "STOP FAILED", why))
         self.tell("stop_not_confirmed", why=why, attempts=len(self.rec["attempts"]))
         self.save()
 
