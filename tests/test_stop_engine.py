@@ -314,6 +314,10 @@ def test_finding_node_C8_a_provider_that_echoes_the_key_leaves_it_nowhere(tmp_pa
             res = subprocess.run([sys.executable, DEADMAN, *args], capture_output=True, text=True, env=fire.env,
                                  timeout=60)
             outputs.append(res.stdout + res.stderr)
+        facts = subprocess.run(["sh", str(NODE / "status_facts.sh"), str(fire.run), str(NODE), "MARK36"],
+                               capture_output=True, text=True, env=fire.env, timeout=60)   # what `rgt.py status`
+        assert "invalid api key" in facts.stdout                                       # carries to the laptop
+        outputs.append(facts.stdout + facts.stderr)
         subprocess.run([sys.executable, DEADMAN, "ack", "--run-dir", str(fire.run)], env=fire.env, check=True,
                        capture_output=True, timeout=60)
         _out, err = fire.proc.communicate(timeout=90)
