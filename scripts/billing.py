@@ -32,10 +32,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402
 
 PROVIDERS = ("runpod", "vastai", "lambda", "paperspace")
 UNKNOWN, STOPPED, IDLE, OK = ("UNKNOWN TO THE LEDGER", "STOPPED, STORAGE BILLING", "RUNNING, NO ACTIVE RUN", "OK")
-TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted", "deadman_fired", "launch_failed", "dead-man fired")
+TERMINAL = runrec.REPORTED_OVER + ("launch_failed", "dead-man fired")   # and the ledger's own words for an end
 
 
 # ---------------------------------------------------------------- the ledger, read for billing

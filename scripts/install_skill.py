@@ -17,10 +17,19 @@ not tests, evals or CI. The folder is always named remote-gpu-trainer, as the sp
 An existing install of ours (marked by .rgt-install.json, or a symlink to a checkout of this
 skill) is replaced atomically; any other folder is left alone unless --force.
 
+A copy records the SHA-256 of every file it installed in .rgt-install.json. A re-run (the update path)
+compares the install with that record first: when a file was changed or added there, it refuses, listing
+them, and changes nothing. --force (for that, or for a folder that is not ours) moves the old tree aside
+to ../.rgt-replaced/remote-gpu-trainer-<UTC time> beside the skills folder and prints where: nothing of
+it is deleted. An older copy with no record is kept aside the same way; an unchanged one is replaced.
+
 Exit codes: 0 installed (or would be, with --dry-run); 1 the installed copy failed verification;
-2 usage or bad input; 3 refused to overwrite a folder that is not ours.
+2 usage or bad input; 3 refused to overwrite a folder that is not ours; 4 refused: our install was
+changed since it was installed (the files are listed; --force keeps the old tree aside).
 """
 import argparse
+import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -33,7 +42,10 @@ from pathlib import Path
 SKILL = "remote-gpu-trainer"
 MARKER = ".rgt-install.json"
 CARRIED = ["SKILL.md", "LICENSE", "README.md", "SECURITY.md", "references", "profiles", "scripts", "examples"]
-IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".DS_Store")
+IGNORED_NAMES = ("__pycache__", "*.pyc", ".pytest_cache", ".DS_Store")   # made by running the tools, not ours
+IGNORED = shutil.ignore_patterns(*IGNORED_NAMES)
+ASIDE = ".rgt-replaced"   # beside the skills folder, where no agent looks for skills
+SHOWN = 20                # files named in a refusal; the rest are counted
 AGENT_DIRS = {
     "claude": ".claude/skills",
     "codex": ".agents/skills",
@@ -50,6 +62,10 @@ class Refused(Exception):
 
 class BadInstall(Exception):
     """The installed copy does not verify."""
+
+
+class Changed(Exception):
+    """Our install holds files its user changed or added (finding_laptop_L9): exit 4."""
 
 
 def frontmatter_name(skill_md: Path) -> str:
@@ -90,6 +106,62 @@ def verify(dest: Path) -> None:
         raise BadInstall(f"{skill_md}: links that do not resolve in the install: {', '.join(broken)}")
 
 
+def tree_hashes(root: Path) -> dict:
+    """{relative posix path: sha256} of every file under ROOT (a symlink by its target), past the names
+    running the tools makes (IGNORED_NAMES); the marker itself is not part of the install's content."""
+    found = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not any(fnmatch.fnmatch(d, pat) for pat in IGNORED_NAMES)
+                         and not os.path.islink(os.path.join(folder, d)))
+        links = [d for d in os.listdir(folder) if os.path.islink(os.path.join(folder, d))
+                 and os.path.isdir(os.path.join(folder, d))]
+        for name in sorted(set(files) | set(links)):
+            if any(fnmatch.fnmatch(name, pat) for pat in IGNORED_NAMES):
+                continue
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            if rel == MARKER:
+                continue
+            if os.path.islink(path):
+                found[rel] = "link:" + os.readlink(path)
+                continue
+            digest = hashlib.sha256()
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            found[rel] = digest.hexdigest()
+    return found
+
+
+def user_changes(dest: Path):
+    """(changed, added) files of our copy install at DEST against the hashes it recorded; None when it has no
+    record (a copy from before the record existed), so nothing about it can be told."""
+    try:
+        recorded = json.loads((dest / MARKER).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        return None
+    now = tree_hashes(dest)
+    changed = sorted(rel for rel, digest in now.items() if rel in recorded and recorded[rel] != digest)
+    added = sorted(rel for rel in now if rel not in recorded)
+    return changed, added
+
+
+def listed(names) -> str:
+    return ", ".join(names[:SHOWN]) + (" and %d more" % (len(names) - SHOWN) if len(names) > SHOWN else "")
+
+
+def aside_path(skills_dir: Path) -> Path:
+    """A fresh folder name for an old tree kept aside: ../.rgt-replaced/remote-gpu-trainer-<UTC time>[-N]."""
+    base = skills_dir.parent / ASIDE / ("%s-%s" % (SKILL, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())))
+    path, number = base, 1
+    while os.path.lexists(path):
+        number += 1
+        path = base.with_name("%s-%d" % (base.name, number))
+    return path
+
+
 def copy_tree(src: Path, staging: Path) -> None:
     staging.mkdir()
     for item in CARRIED:
@@ -99,7 +171,7 @@ def copy_tree(src: Path, staging: Path) -> None:
         elif path.is_file():
             shutil.copy2(path, staging / item)
     marker = {"skill": SKILL, "source": str(src), "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "mode": "copy"}
+              "mode": "copy", "files": tree_hashes(staging)}   # what a later re-run compares the install with
     (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
@@ -126,8 +198,25 @@ def install_one(src: Path, skills_dir: Path, link: bool, force: bool, dry_run: b
         hint = " (a git clone: update it with git pull)" if (dest / ".git").exists() else ""
         raise Refused(f"{dest} exists and is not an install of ours{hint}; use --force to replace it")
     kind = "symlink" if link else "copy"
+    why_aside = None   # why the old tree is kept (moved aside) rather than removed
+    if exists and not dest.is_symlink():   # replacing a link deletes nothing behind it
+        diff = user_changes(dest) if is_ours(dest) else ([], [])
+        if not is_ours(dest):
+            why_aside = "it was not an install of ours"
+        elif diff is None:
+            why_aside = "it is an older install with no record of the files it installed"
+        elif diff[0] or diff[1]:
+            what = "; ".join(part for part in ("changed: " + listed(diff[0]) if diff[0] else "",
+                                               "added: " + listed(diff[1]) if diff[1] else "") if part)
+            if not force:
+                raise Changed(f"{dest} was changed since it was installed ({what}); nothing was touched: copy "
+                              "your files elsewhere first, or re-run with --force, which moves the old tree aside "
+                              "(never deletes it)")
+            why_aside = f"it held your own files ({what})"
+    aside = aside_path(skills_dir) if why_aside else None
     if dry_run:
-        return f"DRY-RUN would {'replace' if exists else 'create'} {kind}: {dest}" + (f" -> {src}" if link else "")
+        return f"DRY-RUN would {'replace' if exists else 'create'} {kind}: {dest}" + (f" -> {src}" if link else "") \
+            + (f"; the old tree would be kept at {aside} ({why_aside})" if aside else "")
     skills_dir.mkdir(parents=True, exist_ok=True)
     # Build and verify the new install beside the old one (under the skill's own name, which the
     # spec requires), then swap: any failure before the swap leaves the old install untouched.
@@ -139,12 +228,21 @@ def install_one(src: Path, skills_dir: Path, link: bool, force: bool, dry_run: b
         else:
             copy_tree(src, new)
         verify(new)
-        if exists:
+        if aside:
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(dest, aside)     # same filesystem as a rule; EXDEV fails here, before anything moved
+        elif exists:
             os.rename(dest, work / "previous")
-        os.rename(new, dest)
+        try:
+            os.rename(new, dest)
+        except OSError:
+            if aside:
+                os.rename(aside, dest)
+            raise
     finally:
         remove(work)
-    return f"OK {'replaced' if exists else 'created'} {kind}: {dest}"
+    kept = f"\nKEPT the old tree at {aside} ({why_aside}): nothing of it was deleted" if aside else ""
+    return f"OK {'replaced' if exists else 'created'} {kind}: {dest}" + kept
 
 
 class Parser(argparse.ArgumentParser):
@@ -169,7 +267,8 @@ def main(argv=None) -> int:
                     help="a skills folder to install into (repeatable); the skill lands in DIR/remote-gpu-trainer")
     ap.add_argument("--project", type=nonempty_path, metavar="DIR", help="install under DIR instead of HOME")
     ap.add_argument("--link", action="store_true", help="symlink to this checkout instead of copying")
-    ap.add_argument("--force", action="store_true", help="replace a folder that is not an install of ours")
+    ap.add_argument("--force", action="store_true", help="replace a folder that is not an install of ours, or our "
+                    "install holding files you changed or added: the old tree is moved aside, never deleted")
     ap.add_argument("--dry-run", action="store_true", help="print what would happen, change nothing")
     args = ap.parse_args(argv)
     for folder in args.target or []:
@@ -218,6 +317,9 @@ def main(argv=None) -> int:
         except Refused as exc:
             print(f"REFUSED {exc}", file=sys.stderr)
             status = max(status, 3)
+        except Changed as exc:
+            print(f"REFUSED {exc}", file=sys.stderr)
+            status = max(status, 4)
         except BadInstall as exc:
             print(f"FAIL {exc}", file=sys.stderr)
             status = status or 1

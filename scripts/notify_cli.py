@@ -4,6 +4,8 @@
       Validate FILE here (exit 2 before any ssh when it is wrong), then send it on ssh's STDIN to
       `notify.py install` on the node (it reads stdin only), which writes it atomically, mode 0600 (default
       ~/.config/rgt/notify.json there, outside every results dir, so a pull never carries it).
+      A --config-path under a durable dir, run dir or results dir the ledger knows (or a pulled results dir)
+      is refused (exit 2) before any ssh: the gate would find a file there the pull cannot verify.
       The secrets in FILE never appear in an argv (here or on the node), in the ledger or in output.
   rgt.py notify test HOST [--config-path PATH]
       Run `notify.py test` on the node: one test message to every target, one line per target
@@ -66,6 +68,47 @@ def read_local_config(path):
     return raw, config
 
 
+def run_folders(cli, args):
+    """Every folder the ledger knows a run's results in: durable dirs (a run dir's DURABLE/runs/RID), run and
+    results dirs, the profile's default durable dir, and the local folders pulls brought runs home to."""
+    import posixpath
+    runs, _boxes = cli.ledger_runs(cli.ledger_events(cli.ledger_path(args.ledger)))
+    found = set()
+    for rec in runs.values():
+        for key in ("run_dir", "results_dir"):
+            path = rec.get(key)
+            if isinstance(path, str) and path:
+                found.add(path)
+                parent = posixpath.dirname(posixpath.normpath(path))
+                if posixpath.basename(parent) in ("runs", "results"):
+                    found.add(posixpath.dirname(parent))    # the durable dir itself
+        if isinstance(rec.get("dest"), str) and rec["dest"]:
+            found.add(os.path.join(os.path.abspath(os.path.expanduser(rec["dest"])), rec["run_id"]))
+        try:
+            durable = core.profile_defaults(rec["profile"]).get("DURABLE_DIR") if rec.get("profile") else None
+        except (core.UsageError, OSError, ValueError):
+            durable = None
+        home = os.path.expanduser("~") + os.sep
+        if durable:       # as the node names it: its own home, not this laptop's
+            found.add("~/" + durable[len(home):] if durable.startswith(home) else durable)
+    return found
+
+
+def check_config_path(cli, args):
+    """UsageError when --config-path lies under a folder whose files travel in a pull (finding_laptop_L16):
+    the node's manifest never lists it, so the gate would refuse that run for good."""
+    import posixpath
+    if not args.config_path:
+        return
+    path = posixpath.normpath(args.config_path)
+    for folder in sorted(run_folders(cli, args)):
+        base = posixpath.normpath(folder)
+        if path == base or path.startswith(base.rstrip("/") + "/"):
+            raise core.UsageError("--config-path %s is under %s, a durable or results dir of the ledger: the config "
+                                  "holds secrets and would sit among a run's results; keep it outside (default "
+                                  "~/.config/rgt/notify.json)" % (args.config_path, folder))
+
+
 def setup_argv(cli, args):
     """The node command `notify setup` runs: no secret in it, the config goes on stdin."""
     argv = ["python3", cli.node_tool(args, "notify.py"), "install", "--stdin", "--json"]
@@ -83,6 +126,7 @@ def _node_error(res, cli, args):
 
 def cmd_setup(args, ssh, cli):
     raw, config = read_local_config(args.from_file)
+    check_config_path(cli, args)
     res = cli.checked(ssh.run(cli.remote_command(setup_argv(cli, args)), stdin=raw, timeout=120), "notify setup")
     doc = _json(cli.text(res.stdout))
     if res.returncode != 0 or not doc.get("ok"):

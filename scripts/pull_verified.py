@@ -48,6 +48,9 @@ matching -> exit 0, nothing done; anything else (a different pull, a file change
 Output: one line per problem (FAIL <code>: <path>: <detail>) and a verdict on stdout, or --json;
 rsync's progress and hashing progress on stderr when stderr is a terminal.
 
+A run that has not ended yet has no manifest: the pull then says it is still running (exit 1, --json status
+"running") instead of "the manifest could not be fetched".
+
 Exit codes:
   0    verified and promoted, or already present with the same files
   1    a check failed (manifest unsafe or unreadable, transfer failed, verification failed, another
@@ -770,6 +773,20 @@ def emit(args, summary: dict, lines) -> None:
         print(line)
 
 
+def still_running(host, root, rsh):
+    """Why the run whose results dir is ROOT still runs (the gate's own run-state check, on the node), or None
+    when it does not, or when that cannot be told (not a DURABLE/results/RID root, no answer)."""
+    import teardown_gate   # only on this path: the gate imports this module
+    run_dir = teardown_gate.run_dir_of(root)
+    if run_dir is None:
+        return None
+    try:
+        activity = teardown_gate.run_activity(host, run_dir, rsh)
+    except Exception:  # noqa: BLE001  (no answer: the manifest's own reason stands)
+        return None
+    return (activity.get("why") or "it is live") if activity.get("live") else None
+
+
 def _raise_interrupt(signum, _frame):
     raise Interrupted(signal.Signals(signum).name)
 
@@ -812,6 +829,12 @@ def main(argv=None) -> int:
     try:
         raw = fetch_manifest(host, root, args.manifest, args.rsh)
     except FetchError as exc:
+        running = still_running(host, root, args.rsh) if args.generation is None else None
+        if running:       # no manifest yet because the run has not ended: say that, not "could not be fetched"
+            summary.update({"status": "running", "problems": [problem("running", root, running)]})
+            emit(args, summary, [f"NOTHING PULLED: the run is still running ({running}); its results are synced "
+                                 "and verified when it ends: pull again then (rgt.py status says when)"])
+            return 1
         summary["problems"] = [problem("fetch", args.manifest, str(exc))]
         emit(args, summary, ["NOTHING PULLED: the manifest could not be fetched"])
         return 1

@@ -24,6 +24,10 @@ ledger row (event "reap"), a reap holds a lock beside the ledger, so two reapers
 box the provider already reads as stopped is left alone. Each reap writes a heartbeat beside the ledger
 (`rgt.py launch` warns when none is younger than 24 h).
 
+Weekly digest (opt-in): --digest-days 7 with --notify-config sends one still_billing message every 7 days listing
+each box a provider still bills (running, or stopped and billing its disk) and each box with ungated runs that the
+reaper cannot see; a ledger row records it, so any number of scheduled reaps send it once.
+
 Two-stage end (opt-in): --terminate-after-days N terminates an instance the reaper stopped N days ago whose
 runs all passed the gate (a stopped RunPod pod or vast.ai instance still bills its disk); a lease_expired-style
 warning goes out a day before. Never a terminate without the gate's PASS.
@@ -32,7 +36,7 @@ Usage:
   rgt.py reap [--dry-run] [--json] [--notify-config FILE] [--ledger FILE] [--lock-wait S]
               [--ssh-config FILE] [-p|--port PORT] [-i|--identity KEY] [--node-dir DIR] [--trip-timeout S]
               [--done-grace-minutes M] [--unwatched-grace-minutes M] [--terminate-after-days N]
-              [--timeout S] [--poll-seconds S] [--cap-seconds S]
+              [--timeout S] [--poll-seconds S] [--cap-seconds S] [--digest-days D]
   rgt.py reap install --cron | --systemd | --launchd [--every-minutes M] [--print]
   rgt.py reap uninstall --cron | --systemd | --launchd
 
@@ -51,11 +55,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402
 
 RULES = ("budget", "done", "unwatched", "unreachable")
 WOULD_STOP = 10
 SSH_UNREACHABLE = 255
-TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted", "deadman_fired")
+TERMINAL = runrec.REPORTED_OVER   # run_status's words for a run that is over
 HEARTBEAT = "reap-heartbeat.json"
 LOCK = "reap.lock"
 HEARTBEAT_WARN_S = 24 * 3600
@@ -153,7 +158,8 @@ def provider_state(box, opts):
 
 
 def status_trip(box, opts):
-    """(reachable, {rid: run_status dict}): one rgt.py patrol trip to the box for all its runs."""
+    """(reachable, {rid: run_status dict}): one rgt.py patrol trip to the box for all its runs; reachable is None
+    when patrol could place none of them (the alias now leads to another box than the ledger's)."""
     argv = [sys.executable, os.path.join(HERE, "rgt.py")] + opts.ssh_options + [
         "--json", "patrol", box["host"]] + sorted(box["runs"]) + ["--min-free-gb", "0"]
     try:
@@ -166,7 +172,10 @@ def status_trip(box, opts):
         doc = json.loads(res.stdout)
     except ValueError:
         return False, {}
-    return True, {r.get("run_id"): r.get("status") or {} for r in doc.get("runs") or []}
+    runs = {r.get("run_id"): r.get("status") or {} for r in doc.get("runs") or []}
+    if runs and all(str(st.get("reason", "")).startswith("cannot locate") for st in runs.values()):
+        return None, {}       # ssh now reaches another box than the ledger's: nothing was asked, nothing known
+    return True, runs
 
 
 # ---------------------------------------------------------------- the rules
@@ -188,6 +197,8 @@ def decide(box, reachable, statuses, now, opts):
     if spent and not any(healthy(rid) for rid in runs if rid not in spent):
         return "budget", "run %s passed its budget deadline (%s)" % (
             spent[0], core.utc_iso(budget_deadline(runs[spent[0]]))), False
+    if reachable is None:
+        return None, "its runs cannot be placed on the box this alias reaches now (a changed ssh config?)", False
     if reachable:
         ended = {rid: (statuses.get(rid) or {}).get("status") in TERMINAL for rid in runs}
         gated = {rid: runs[rid].get("gate") == "PASS" for rid in runs}
@@ -227,7 +238,10 @@ def decide(box, reachable, statuses, now, opts):
 def reaps_since_reachable(box):
     rows = []
     for row in box["reaps"]:
-        rows = [] if row.get("reachable") else rows + [row]
+        if row.get("reachable") is True:
+            rows = []
+        elif row.get("reachable") is False:      # None: the alias led elsewhere, says nothing of this box
+            rows.append(row)
     return rows
 
 
@@ -286,7 +300,8 @@ def reap(opts):
     now = time.time()
     decisions, code = [], 0
     with reap_lock(path, opts.lock_wait):
-        boxes = boxes_of(rgt.ledger_events(path))
+        events = list(rgt.ledger_events(path))
+        boxes = boxes_of(events)
         for key in sorted(boxes):
             box = boxes[key]
             d = {"box": box["box"], "host": box["host"], "instance": ":".join(box["instance"]) if box["instance"]
@@ -312,6 +327,8 @@ def reap(opts):
             d["reachable"] = reachable
             rule, why, notice_only = decide(box, reachable, statuses, now, opts)
             d["rule"], d["why"] = rule, why
+            if reachable is None and not rule:
+                d["action"], code = "unknown", max(code, 1)
             row = {"event": "reap", "host": box["host"], "box": box["box"], "reachable": reachable,
                    "provider_state": state, "rule": rule}
             if rule and notice_only:
@@ -334,10 +351,41 @@ def reap(opts):
                         code = max(code, 1)
             if not opts.dry_run:
                 rgt.ledger_append(path, **row)
+        if opts.digest_days and not opts.dry_run:
+            digest = still_billing_digest(events, boxes, decisions, opts, now)
+            if digest:
+                rgt.ledger_append(path, event="reap", notice="digest", boxes=digest["boxes"])
+                decisions.append({"box": None, "host": None, "action": "digest", "rule": None,
+                                  "why": digest["text"], "notified": digest["notified"]})
         if not opts.dry_run:
             core.atomic_write_json(os.path.join(os.path.dirname(os.path.abspath(path)), HEARTBEAT),
                                    {"reaped_at": core.utc_iso(now), "boxes": len(decisions), "exit": code})
     return decisions, code
+
+
+def still_billing_digest(events, boxes, decisions, opts, now):
+    """The opt-in digest (--digest-days): once per that many days, one message listing every box the providers
+    still bill (running, or stopped with its disk) and every box with runs not through the gate that the reaper
+    cannot see (no --instance). None when it is not due; a due digest with nothing to list sends nothing."""
+    last = max((core.parse_iso(e.get("time")) or 0.0 for e in events
+                if e.get("event") == "reap" and e.get("notice") == "digest"), default=0.0)
+    if now - last < opts.digest_days * 86400.0:
+        return None
+    lines = []
+    for d in decisions:
+        if d.get("box") not in boxes:
+            continue
+        open_runs = [rid for rid, run in boxes[d["box"]]["runs"].items() if run.get("gate") != "PASS"]
+        if d.get("provider_state") in ("running", "stopped"):
+            lines.append("%s (%s) %s%s" % (d["host"], d["instance"], d["provider_state"],
+                                          ", runs not gated: " + ", ".join(open_runs) if open_runs else ""))
+        elif d.get("instance") is None and open_runs:
+            lines.append("%s cannot be seen (no --instance), runs not gated: %s" % (d["host"], ", ".join(open_runs)))
+    if not lines:
+        return {"boxes": 0, "text": "nothing billing that the ledger knows of", "notified": None}
+    text = "%d box(es) still billing or unseen: %s" % (len(lines), "; ".join(lines))
+    return {"boxes": len(lines), "text": text,
+            "notified": tell(opts, "still_billing", {"boxes": len(lines), "reason": text[:1500]})}
 
 
 def terminate_due(box, opts, now, state):
@@ -377,6 +425,8 @@ def schedule_files(opts):
     cmd = [sys.executable, os.path.join(HERE, "rgt.py")] + opts.ssh_options + ["reap"]
     if opts.notify_config:
         cmd += ["--notify-config", opts.notify_config]
+    if opts.digest_days:
+        cmd += ["--digest-days", "%g" % opts.digest_days]
     line = " ".join(core.shell_quote(w) for w in cmd) if hasattr(core, "shell_quote") else " ".join(
         __import__("shlex").quote(w) for w in cmd)
     home = os.path.expanduser("~")
@@ -490,6 +540,9 @@ def build_parser():
                         help="how long a stop is read back before NOT CONFIRMED (default 240)")
     parser.add_argument("--trip-timeout", type=core.arg_number(float, 0.0, 3600, low_open=True), default=180.0,
                         help="seconds the status trip to one box may take (default 180)")
+    parser.add_argument("--digest-days", type=core.arg_number(float, 0.0, 366, low_open=True),
+                        help="opt-in: every this many days, a still_billing message (--notify-config) listing the "
+                             "boxes still billing (e.g. 7)")
     parser.add_argument("--lock-wait", type=core.arg_number(float, 0.0, 3600), default=600.0,
                         help="seconds to wait for another reap's lock (default 600)")
     for flag in ("--cron", "--systemd", "--launchd"):
@@ -520,8 +573,9 @@ def main(argv=None):
         print("%s reap: the ledger names no box" % core.OK)
     for d in decisions:
         word = {"stop": "REAPED" if d.get("confirmed") else ("WOULD STOP" if opts.dry_run else "NOT CONFIRMED"),
-                "notify": "TOLD", "unknown": "UNKNOWN", "terminate": "TERMINATED"}.get(d["action"], core.OK)
-        print("%-13s %s%s%s: %s" % (word, d["host"], " (%s)" % d["instance"] if d.get("instance") else "",
+                "notify": "TOLD", "unknown": "UNKNOWN", "terminate": "TERMINATED",
+                "digest": "DIGEST"}.get(d["action"], core.OK)
+        print("%-13s %s%s%s: %s" % (word, d["host"] or "all boxes", " (%s)" % d["instance"] if d.get("instance") else "",
                                      " rule %s" % d["rule"] if d.get("rule") else "", d.get("why")))
     return code
 

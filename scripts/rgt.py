@@ -42,7 +42,9 @@ for every run of HOST not yet through the gate (or the RIDs given), a short repo
 step/ETA, newest checkpoint age, disk headroom, dead-man, cost so far). Exit 0 when every run is healthy,
 in progress or cleanly done; 10 to escalate (stalled, failed, sync_failed, dead-man fired or down,
 finished but unwatched, disk below --min-free-gb, default the toolkit's one disk floor,
-rgt_core.DEFAULT_DISK_FLOOR_GB).
+rgt_core.DEFAULT_DISK_FLOOR_GB). A fired dead-man's line says STOP CONFIRMED, STOP NOT CONFIRMED or STOP FAILED.
+A run the ledger holds no run dir for is its own UNKNOWN line (escalated); the others are still checked.
+status and pull record the run dir they used (--durable-dir reaches a run rgt.py did not launch).
 
 launch: everything after the first `--` up to a second `--` goes to run_one.sh unchanged (its
 output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); the words after the
@@ -96,9 +98,11 @@ Push and pull say which ran. The node folder gets the toolkit plus profiles/inde
 every file matches the version stamp; the command prints the version the node now runs.
 
 Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
-may be missing a run); 2 usage or bad input (launch, resume: also a ledger that cannot be written, checked
+may be missing a run); 2 usage or bad input (resume: also a ledger that cannot be written, checked
 before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
-fired, ...); 255 ssh could not reach HOST.
+fired, ...); 12 launch refused: the ledger cannot record it (read-only, full disk), so nothing was
+started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool
+with them and exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
 """
 import os
 import subprocess
@@ -120,6 +124,7 @@ NODE_SRC = os.path.join(HERE, "node")
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, NODE_SRC)
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402  (the run's state words)
 
 DEFAULT_NODE_DIR = "~/rgt-bin"
 SSH_UNREACHABLE = 255
@@ -451,7 +456,7 @@ def ledger_runs(events):
         elif event.get("event") in ("launch", "resume") and event.get("state") == "launched":
             rec["gate"] = None  # a new attempt runs (and bills) again: an earlier gate PASS no longer covers it
         elif rec["gate"] == "PASS" and event.get("event") in ("status", "patrol") and (
-                event.get("state") in core.ACTIVE_RUN_STATES or
+                event.get("state") in runrec.REPORTED_ACTIVE or
                 (isinstance(attempt, int) and isinstance(rec.get("gated_attempt"), int) and
                  attempt > rec["gated_attempt"])):
             rec["gate"] = None  # the node says an attempt runs that the gate never saw: it bills again
@@ -498,9 +503,8 @@ def run_paths(args, rid, profile=None):
 
 
 def check_run_id(rid):
-    import re
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", rid or ""):
-        raise core.UsageError("run id %r: letters, digits, '.', '_' and '-' only (max 100)" % rid)
+    if not core.RUN_ID_RE.match(rid or ""):   # the one rule, shared with the node and the schemas (review D4)
+        raise core.UsageError("run id %r: letters, digits, '.', '_' and '-' only (max %d)" % (rid, core.RUN_ID_MAX))
     return rid
 
 
@@ -592,13 +596,15 @@ def node_tool(args, name):
 
 
 def node_python(args):
-    """The node's interpreter as one shell word: the real one `push` recorded (a pyenv or conda shim costs
-    0.2-0.3 s a call, most of a status round trip), else python3 when that record is missing or stale. The
-    tools that import nothing beyond the toolkit run with -S (no site-packages scan: 20-30 ms where a .pth
-    file imports something)."""
-    record_path = remote_word(node_tool(args, core.INTERPRETER_FILE))
-    return Raw('"$( { read -r p < %s && [ -x "$p" ] && printf %%s "$p"; } 2>/dev/null || printf python3)"'
-               % record_path)
+    """The node's interpreter as one shell word: the real one `push` recorded for THIS box (a pyenv or conda
+    shim costs 0.2-0.3 s a call, most of a status round trip), else python3 when that record is missing or
+    stale. The record is per box (rgt_core.interpreter_record_name: a shared NFS home holds one per box) and
+    the interpreter is run once (-S -c '') before it is used: a path another box wrote, or one gone since,
+    falls back to python3 (finding_field_N14). The tools that import nothing beyond the toolkit run with -S
+    (no site-packages scan: 20-30 ms where a .pth file imports something)."""
+    record_path = remote_word(args.node_dir) + '/%s-"$n-$m"' % core.INTERPRETER_FILE
+    return Raw('"$( %s; { read -r p < %s && [ -x "$p" ] && "$p" -S -c "" >/dev/null && printf %%s "$p"; } </dev/null '
+               '2>/dev/null || printf python3)"' % (core.BOX_KEY_SHELL, record_path))
 
 
 def node_json(args, ssh, argv, what, timeout, limit=ANSWER_MAX):
@@ -665,10 +671,12 @@ def cmd_launch(args, ssh):
     options, budget = launch_budget(args, options)
     argv = [Raw("RGT_PYTHON=" + node_python(args)), "bash", node_tool(args, "run_one.sh"), "--profile", profile,
             "--run-id", rid, "--run-dir", run_dir]
-    if args.durable_dir:
-        argv += ["--durable-dir", args.durable_dir]
-    argv += options + ["--"] + job
-    ledger_writable(ledger_path(args.ledger))   # before the node acts: a launch never runs unrecorded
+    durable = args.durable_dir or run_dir.rsplit("/runs/", 1)[0]
+    argv += ["--durable-dir", durable]   # never a DURABLE_DIR of the node's environment: pull and gate look here
+    node_json = "--json" not in options  # the node answers where the run went (review D4): recorded as given
+    argv += options + (["--json"] if node_json else []) + ["--"] + job
+    # the first ledger row, before the node acts and before any warning: a refusal is the only line
+    pending_row(args, run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir, **budget["ledger"])
     import reap
     reaper = reap.heartbeat_warning(ledger_path(args.ledger)) if args.instance else None
     if reaper:           # only a launch that names its instance can be reaped
@@ -678,9 +686,19 @@ def cmd_launch(args, ssh):
         sys.stderr.write("WARN %d job argument(s) hold a URL credential (user:password@ or a signed query): the "
                          "node records the command (run.json, job.log); pass it through an environment file or "
                          "a 0600 file the job reads instead\n" % len(secrets))
+    if not any(o.split("=", 1)[0] in ("--resume-glob", "--resume-arg") for o in options):
+        # said now, while the launch can still change: later, a restart's results replace this attempt's (N18)
+        sys.stderr.write("WARN no resume adapter (--resume-glob/--resume-arg): unless the job resumes by itself, "
+                         "a resume after a preemption or failure restarts it from step 0, and its results then "
+                         "supersede this attempt's (resume --force-restart keeps them on the node as a "
+                         "generation)\n")
     res = checked(ssh.run(remote_command(argv, cwd=args.cwd)), "launch")
     out, err = text(res.stdout), text(res.stderr)
     ok = res.returncode == 0
+    answer = node_answer(out)
+    run_dir, results_dir = answer.get("run_dir") or run_dir, answer.get("results_dir") or results_dir
+    if answer and node_json:
+        out = launch_text(answer)
     fields = {"ok": ok, "host": args.host, "run_id": rid, "run_dir": run_dir, "results_dir": results_dir,
               "budget": budget["note"],
               "watch": again(args, "status", args.host, rid), "eta": "unknown until the "
@@ -696,21 +714,54 @@ def cmd_launch(args, ssh):
     report(args, fields, human if ok else "%s launch of %s exited %d" % (core.FAIL, rid, res.returncode))
     sys.stdout.flush()
     record(args, event="launch", run_id=rid, profile=profile, run_dir=run_dir, results_dir=results_dir,
-           state="launched" if ok else "launch_failed", rc=res.returncode, attempt=launched_attempt(out),
-           **budget["ledger"])
+           state="launched" if ok else "launch_failed", rc=res.returncode,
+           attempt=answer.get("attempt") if isinstance(answer.get("attempt"), int) else None, **budget["ledger"])
     return res.returncode
 
 
-def launched_attempt(out):
-    """The attempt number run_one.sh reported ("attempt:  N", or "attempt" in its --json), else None."""
+LEDGER_REFUSED = 12
+
+
+class LedgerRefused(core.UsageError):
+    """The ledger cannot record a launch: nothing starts on the node (exit LEDGER_REFUSED)."""
+
+
+def pending_row(args, **fields):
+    """The launch's first ledger row (launch_pending, state launching), written BEFORE the node acts: a ledger
+    that cannot take it (read-only, or a full disk, which a writability check cannot see) refuses the launch,
+    so no run ever bills unlisted; a later row lost to a disk that filled meanwhile leaves this one listing it."""
+    path = ledger_path(args.ledger)
+    address, machine = box_of(args)
+    try:
+        ledger_append(path, event="launch_pending", host=args.host, box=address, state="launching",
+                      **dict(fields, **({"machine_id": machine} if machine else {})))
+    except OSError as exc:
+        raise LedgerRefused("the run ledger %s cannot be written (%s): nothing was started on %s; free space there, "
+                            "or pass --ledger FILE (or set XDG_STATE_HOME) to a writable place"
+                            % (path, exc.strerror or exc, args.host))
+
+
+def node_answer(out):
+    """run_one.sh --json's launch report (the node's own run_dir, results_dir, attempt), or {} when the node
+    printed none (it refused before the report)."""
     try:
         doc = json.loads(out)
-        if isinstance(doc, dict) and isinstance(doc.get("attempt"), int):
-            return doc["attempt"]
     except ValueError:
-        pass
-    found = re.search(r"^attempt:\s+(\d+)\s*$", out, re.M)
-    return int(found.group(1)) if found else None
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if not (k in ("run_dir", "results_dir") and not isinstance(v, str))}
+
+
+def launch_text(answer):
+    """The node's launch report as run_one.sh prints it without --json."""
+    import launcher
+    lines = launcher.report_text(answer)
+    final = answer.get("final") if isinstance(answer.get("final"), dict) else None
+    if final:
+        lines += "finished: state %s, job exit code %s\n" % (final.get("state") or "?", "?" if
+                                                             final.get("exit_code") is None else final["exit_code"])
+    return lines
 
 
 def ledger_attempt(args, rid):
@@ -730,7 +781,7 @@ class StatusCall(object):
 
     def __init__(self, args, rid):
         import remote_status   # imported while the trip connects (cmd_status), never before it
-        self.rid, self.run_dir = rid, run_paths(args, rid)[0]
+        self.rid, (self.run_dir, self.results_dir) = rid, run_paths(args, rid)[:2]
         self.mark, self.rate = remote_status.new_mark(), args.rate_per_hour
         cost = ["--rate-per-hour", str(args.rate_per_hour)] if args.rate_per_hour is not None else []
         self.argv = [node_python(args), "-S", node_tool(args, "run_status.py"), self.run_dir, "--json"] + cost
@@ -791,8 +842,10 @@ def cmd_status(args, ssh):
         settled = status, res.returncode
     status, code = settled
     state = status.get("status") or status.get("state")
-    record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"),
-           **lease_fields(status))
+    # the run dir this status used goes in its row: a run reached with --durable-dir is then known to later
+    # commands (patrol, pull), never a run the ledger lists without a place (finding_laptop_L12)
+    record(args, event="status", run_id=rid, state=state, attempt=status.get("attempt"), run_dir=call.run_dir,
+           results_dir=call.results_dir, **lease_fields(status))
     status["cost_from_ledger"] = spent
     if args.json:
         core.emit_json(status)
@@ -881,7 +934,7 @@ def cmd_resume(args, ssh):
 
 PATROL_ESCALATE = 10
 PATROL_MARK = "@@rgt-exit "
-BAD_STATES = ("stalled", "failed", "sync_failed", "interrupted", "deadman_fired")
+BAD_STATES = ("stalled",) + tuple(w for w in runrec.REPORTED_OVER if w != "succeeded")
 
 
 def patrol_trip(args, ssh, jobs, read):
@@ -940,7 +993,12 @@ def patrol_line(rid, st):
     free = (st.get("disk") or {}).get("free_bytes")
     if free is not None:
         bits.append("disk %s free" % core.human_bytes(free))
-    bits.append("deadman %s" % ((st.get("deadman") or {}).get("word") or "?").lower())
+    dm = st.get("deadman") or {}
+    bits.append("deadman %s" % (dm.get("word") or "?").lower())
+    if st.get("status") == "deadman_fired":   # a stop read back as done, and one that is not, never share a line
+        bits.append("dry run (nothing stopped)" if dm.get("dry_run") else
+                    "STOP CONFIRMED" if dm.get("stop_confirmed") is True else
+                    "STOP FAILED" if dm.get("stop_ok") is False else "STOP NOT CONFIRMED")
     if st.get("cost_so_far") is not None:
         bits.append("cost ~%.2f" % st["cost_so_far"])
     return " ".join(bits)
@@ -955,8 +1013,16 @@ def cmd_patrol(args, ssh):
         return report(args, {"ok": True, "host": args.host, "runs": [], "escalate": False},
                       "%s patrol %s: no run of this box waits for the gate (ledger %s)"
                       % (core.OK, args.host, ledger_path(args.ledger)))
-    calls = [StatusCall(args, rid) for rid in rids]
-    settled = patrol_trip(args, ssh, [(c.script, c) for c in calls], lambda c, raw, rc: c.settle(raw, rc))
+    calls, settled = [], {}
+    for rid in rids:   # a run the ledger cannot place is its own UNKNOWN line; the others are still checked
+        try:
+            calls.append(StatusCall(args, rid))
+        except core.UsageError:
+            settled[rid] = ({"status": "unknown", "reason": "cannot locate run %s: the ledger has no run dir for it "
+                             "(run `%s` once)" % (rid, again(args, "status", args.host, rid, "--durable-dir",
+                                                             "DURABLE_DIR"))}, None)
+    if calls:
+        settled.update(patrol_trip(args, ssh, [(c.script, c) for c in calls], lambda c, raw, rc: c.settle(raw, rc)))
     unsettled = [c for c in calls if settled.get(c.rid) is None]
     if unsettled:      # what only the node's run_status.py can tell, asked in one more trip
         settled.update(patrol_trip(args, ssh, [(remote_command(c.argv), c) for c in unsettled], read_node_json))
@@ -970,8 +1036,9 @@ def cmd_patrol(args, ssh):
         escalate = escalate or bad
         results.append({"run_id": rid, "escalate": bad, "why": why, "status": st})
         lines.append("  " + core.safe_line(patrol_line(rid, st) + ("  <- ESCALATE: " + "; ".join(why) if bad else "")))
-        record(args, event="patrol", run_id=rid, state=st.get("status"),
-                      attempt=st.get("attempt"), **lease_fields(st))
+        if any(c.rid == rid for c in calls):   # a run not located was not asked: no row about it
+            record(args, event="patrol", run_id=rid, state=st.get("status"),
+                   attempt=st.get("attempt"), **lease_fields(st))
     head = "%s patrol %s: %d run(s)%s" % ("ESCALATE" if escalate else core.OK, args.host, len(rids),
                                          "" if escalate else ", nothing needs you")
     if args.json:
@@ -987,17 +1054,76 @@ def laptop_tool(name):
     return [sys.executable, os.path.join(HERE, name)]
 
 
+CHILD_GRACE_S = 30   # how long a child told to end gets before it is killed
+GROUP_SIGNAL_S = 1.0  # a signal sent to the whole process group (Ctrl-C, timeout(1)) reaches the child itself
+
+
+def run_child(argv):
+    """(exit code, the signal that interrupted us or None) of laptop tool ARGV. A SIGTERM or SIGINT sent to
+    rgt.py alone (an agent's timeout kills by pid) is passed on to the child, which is waited for, so neither
+    it nor its transfer outlives us holding the pull lock; the child also dies with us if we are killed -9.
+    The caller's `finally` then closes the ssh master and its control folder (finding_laptop_L13)."""
+    import signal
+    got = []
+    proc = subprocess.Popen(argv, preexec_fn=core.die_with_parent())
+    previous = {sig: signal.signal(sig, lambda signum, _frame: got.append((signum, time.monotonic())))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    forwarded = killed = False
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if not got:
+                continue
+            waited = time.monotonic() - got[0][1]
+            # a group signal (Ctrl-C, timeout(1)) reached the child too: it gets a moment to end by it before
+            # we pass the signal on, so it is never asked twice
+            if not forwarded and waited >= GROUP_SIGNAL_S:
+                forwarded = True
+                try:
+                    proc.send_signal(got[0][0])
+                except OSError:
+                    pass
+            elif not killed and waited >= GROUP_SIGNAL_S + CHILD_GRACE_S:
+                killed = True
+                proc.kill()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return rc, (got[0][0] if got else None)
+
+
+def interrupted_code(signum):
+    return 128 + int(signum)
+
+
 def cmd_pull(args, ssh):
     rid = check_run_id(args.run_id)
-    _run, results, _p = run_paths(args, rid)
+    run_dir, results, _p = run_paths(args, rid)
     argv = laptop_tool("pull_verified.py") + ["--source", "%s:%s" % (args.host, results), "--dest", args.dest,
                                              "--rsh", ssh.rsh, "--transport", args.transport] + (["--json"] if args.json else [])
     if args.generation is not None:
         argv += ["--generation", str(args.generation)]
-    res = subprocess.run(argv)
+    rc, signum = run_child(argv)
+    if signum is not None:     # killed by its caller: the pull stopped with it, and the ledger says so
+        record(args, event="pull", run_id=rid, dest=args.dest, generation=args.generation, result="interrupted",
+               state="pull_interrupted", attempt=ledger_attempt(args, rid), run_dir=run_dir, results_dir=results)
+        core.say_error("pull interrupted (%s): re-run the same command to continue" % signal_name(signum),
+                       "rgt.py")
+        return interrupted_code(signum)
+    # the run dir this pull used is recorded (--durable-dir reaches runs the ledger did not launch: L12)
     record(args, event="pull", run_id=rid, dest=args.dest, generation=args.generation,
-                  state="pulled" if res.returncode == 0 else "pull_failed", attempt=ledger_attempt(args, rid))
-    return res.returncode
+           state="pulled" if rc == 0 else "pull_failed", attempt=ledger_attempt(args, rid), run_dir=run_dir,
+           results_dir=results)
+    return rc
+
+
+def signal_name(signum):
+    import signal
+    return signal.Signals(signum).name
 
 
 def cmd_gate(args, ssh):
@@ -1023,14 +1149,17 @@ def cmd_gate(args, ssh):
         + ([] if args.no_inspect else ["--inspect"]) + (["--json"] if args.json else []) \
         + (["--keep-generation", str(keep)] if keep is not None else [])
     try:
-        res = subprocess.run(argv)
+        rc, signum = run_child(argv)
         # the gate's own verdict, written before it printed a word: a stdout closed early (`| head -1`) changes
         # nothing here; no verdict file (the gate died first) is a refusal
         doc = core.read_json(verdict_file)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    if signum is not None and doc.get("verdict") is None:   # ended before it reached a verdict: nothing to record
+        core.say_error("gate interrupted (%s) before its verdict: nothing recorded" % signal_name(signum), "rgt.py")
+        return interrupted_code(signum)
     verdict = doc.get("verdict") if doc.get("verdict") in ("PASS", "REFUSED") else "REFUSED"
-    code = doc.get("exit_code") if isinstance(doc.get("exit_code"), int) else (res.returncode or 3)
+    code = doc.get("exit_code") if isinstance(doc.get("exit_code"), int) else (rc or 3)
     record(args, event="gate", run_id=rid, verdict=verdict, attempt=ledger_attempt(args, rid),
            keep_generation=keep, run_state=doc.get("state_text"))
     if verdict == "PASS" and not args.json:
@@ -1349,6 +1478,9 @@ def dispatch(argv, early, used):
     except Unreachable as exc:
         core.say_error(str(exc), "rgt.py")
         return SSH_UNREACHABLE
+    except LedgerRefused as exc:
+        core.say_error(str(exc), "rgt.py")
+        return LEDGER_REFUSED
     finally:
         ssh.close()   # one connection per command: the master ends with it
 

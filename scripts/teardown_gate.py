@@ -27,6 +27,8 @@ On a pass its first line ends with how the run ended (succeeded, or INTERRUPTED 
 code and the step its results stand at of the total, e.g. "results at step 2 of 6"), then the profile's meter-stop action, what that destroys and what keeps billing
 (from profiles/index.json), the run id, file count and bytes, that it covers this run only (a box
 that ran several runs needs scripts/node/final_sweep.py first), and that it did NOT tear anything down.
+A pass leaves one file on the node, RUN_DIR/pulled.json (the pulled files' digest): the dead-man's
+destructive gate takes it as the copy off the box that a terminate needs (node finding C1).
 
 Usage:
   teardown_gate.py --pulled DEST/<run_id> --profile NAME
@@ -55,12 +57,14 @@ import json
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
+import destructive  # noqa: E402  (what the node's destructive gate accepts as a pull record)
 import evidence  # noqa: E402  (the node's manifest format; local side only)
 import pull_verified as pv  # noqa: E402
 import rgt_core as core  # noqa: E402
@@ -119,6 +123,32 @@ def run_activity(host, run_dir: str, rsh) -> dict:
 
 
 UsageError = core.UsageError
+
+
+def record_pull(host, run_dir, manifest: dict, rsh) -> dict:
+    """After a pass, leave RUN_DIR/pulled.json on the node: the files this verified pull holds (one digest), which
+    the dead-man's destructive gate accepts as a copy off the box (destructive.off_box_copy, finding C1). Best
+    effort: {"ok", "path", "error"}; a plain `cat > tmp && mv` over ssh, so no Python runs there for it."""
+    if not run_dir:
+        return {"ok": False, "path": None, "error": "the run dir on the node is not known (give --run-dir)"}
+    doc = {"files_digest": destructive.files_digest(manifest), "run_id": manifest.get("run_id"),
+           "file_count": manifest.get("file_count"), "verified_at": core.utc_iso(),
+           "by": "teardown_gate.py on %s" % core.printable(socket.gethostname())}
+    target = os.path.join(run_dir, destructive.PULLED)
+    try:
+        if host is None:
+            core.atomic_write_json(os.path.expanduser(target), doc)
+        else:
+            tmp = target + ".tmp"
+            command = "umask 077 && cat > %s && mv -f %s %s" % (pv.remote_quote(tmp), pv.remote_quote(tmp),
+                                                                pv.remote_quote(target))
+            done = subprocess.run(pv.rsh_argv(rsh) + [host, command], input=json.dumps(doc).encode("utf-8"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+            if done.returncode != 0:
+                raise OSError(done.stderr.decode("utf-8", "replace").strip()[-200:] or "rc %d" % done.returncode)
+    except (OSError, subprocess.TimeoutExpired, core.UsageError) as exc:
+        return {"ok": False, "path": target, "error": core.printable(str(getattr(exc, "strerror", None) or exc))}
+    return {"ok": True, "path": target, "error": None}
 
 
 def generations(activity, root) -> dict:
@@ -558,6 +588,7 @@ def main(argv=None) -> int:
         return deliver(args, verdict, lines, 3)
 
     state = run_state_text(activity)
+    verdict["pull_recorded"] = record_pull(host, run_dir, pulled_manifest, args.rsh)
     verdict.update({"ok": True, "verdict": "PASS", "meter_stop": profile.get("billing"), "state_text": state,
                     "profile_index": index_info, "other_runs": (SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source))).strip()})
     checks = verdict.get("load_checks") or []
@@ -570,6 +601,10 @@ def main(argv=None) -> int:
         lines.append("  WARN the run did not succeed (%s): these are the results it had saved when it stopped, "
                      "not a finished training; resume it before tearing down if it should go on" % state)
     lines.append("  " + generation_line(gens, args.keep_generation))
+    recorded = verdict["pull_recorded"]
+    lines.append("  pull recorded on the node (%s): a destructive stop may now erase the box's copy" % recorded["path"]
+                 if recorded.get("ok") else "  NOTE the pull is not recorded on the node (%s): its dead-man still "
+                 "refuses a terminate unless the results sit on persistent storage" % recorded.get("error"))
     lines += meter_lines(args.profile, profile)
     lines.append(SWEEP_HINT % (verdict["run_id"], runs_dir_of(args.source)))
     lines.append(never + " Stopping the meter is yours to do, with the user's go-ahead.")

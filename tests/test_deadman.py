@@ -19,6 +19,7 @@ import pytest
 from conftest import NODE, SCRIPTS, TOOLS, need, need_root, pid_alive, wait_for
 
 sys.path.insert(0, str(NODE))
+import destructive  # noqa: E402
 import evidence  # noqa: E402
 import rgt_core as core  # noqa: E402
 
@@ -153,6 +154,13 @@ def torch_like(payload_size=4096):
         archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
         archive.writestr("archive/data/0", os.urandom(payload_size))
     return buf.getvalue()
+
+
+def record_pull(run, results):
+    """What the teardown gate leaves on the node once a pull of RESULTS verified: RUN_DIR/pulled.json."""
+    manifest, _problems = evidence.read_manifest(str(results / evidence.MANIFEST_NAME))
+    (run / "pulled.json").write_text(json.dumps({"files_digest": destructive.files_digest(manifest),
+                                                 "verified_at": "2026-12-06T00:00:00Z", "by": "test"}))
 
 
 def make_sync(run, results, files, run_id="r1", logs=True):
@@ -393,6 +401,8 @@ def test_destructive_stop_needs_allow_and_a_verified_durable_sync(tmp_path, case
         (run / "status.json").write_text(json.dumps(doc))
     if case == "damaged-manifest":
         (results / evidence.MANIFEST_NAME).write_text('{"schema": "rgt-pull-manifest/1", "files": [')
+    if case == "verified":   # the copy here is on this instance's disk: the gate's record of a verified pull
+        record_pull(run, results)   # makes it safe to erase (finding C1; tests/test_off_box.py)
     destroy, d_calls = stand_in(tmp_path, "terminate")
     pause, p_calls = stand_in(tmp_path, "pause")
     args = ["--grace-minutes", "0", "--stop-cmd", destroy, "--stop-cmd-destructive", "--fallback-stop-cmd", pause]
@@ -489,15 +499,15 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs, quiet_ssh_host):
+def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs, ssh_sessions_allowed):
     sshd = need("sshd")
     need("ssh")
     keygen = need("ssh-keygen")
     run = make_run(tmp_path, state="succeeded", exit_code=0, ended_at=iso(time.time()))
+    env = dict(os.environ)   # RGT_SSHD_PID (set below): only this drill's own sshd's sessions count
 
     def sessions():
-        return json.loads(deadman("status", "--run-dir", run, "--json").stdout)["ssh_sessions"]
-    baseline = sessions()
+        return json.loads(deadman("status", "--run-dir", run, "--json", env=env).stdout)["ssh_sessions"]
     for name in ("host", "user"):
         subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / name)], check=True)
     os.chmod(tmp_path, 0o755)
@@ -511,6 +521,8 @@ def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs, quiet_
     os.makedirs("/run/sshd", exist_ok=True) if os.geteuid() == 0 else None
     daemon = subprocess.Popen([sshd, "-D", "-e", "-f", str(tmp_path / "sshd_config")], stderr=subprocess.DEVNULL)
     procs.append(daemon)
+    env["RGT_SSHD_PID"] = str(daemon.pid)
+    assert sessions() == 0
     assert wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, 10), "sshd did not listen"
     import pwd
     user = pwd.getpwuid(os.geteuid()).pw_name
@@ -519,19 +531,19 @@ def test_wait_ssh_holds_while_a_real_ssh_session_is_open(tmp_path, procs, quiet_
                                "-o", "LogLevel=ERROR", "%s@127.0.0.1" % user, "sleep 60"],
                               stdin=subprocess.DEVNULL)
     procs.append(client)
-    assert wait_for(lambda: sessions() > baseline, 10), "the SSH session was not detected in /proc"
+    assert wait_for(lambda: sessions() > 0, 10), "the SSH session was not detected in /proc"
     stop, calls = stand_in(tmp_path)
-    res = arm_bg(procs, run, "--grace-minutes", "0.005", "--wait-ssh", "--stop-cmd", stop)
+    res = deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--grace-minutes", "0.005", "--wait-ssh",
+                  "--stop-cmd", stop, env=env)
     assert res.returncode == 0, res.stderr
+    procs.append(int(res.stdout.strip()))
     assert wait_for(lambda: re.search(r"waiting for \d+ SSH session", text_or_empty(run / "deadman.log")), 30), \
         "the dead-man never said it waits for the SSH session"
     assert not (run / "DEADMAN_FIRED.json").exists(), "fired while an SSH session was open"
     client.kill()
     client.wait()
-    fired = wait_for(lambda: "message" in (read_or_empty(run, "DEADMAN_FIRED.json")), 4)   # "message" = done
-    if not fired and sessions():
-        pytest.skip("our session closed but other SSH sessions on this host keep the dead-man waiting "
-                    "(correct behaviour; the firing half of the drill needs a quiet host)")
+    # other users' and other sshd servers' sessions on a shared host do not count: the firing half always runs
+    fired = wait_for(lambda: "message" in (read_or_empty(run, "DEADMAN_FIRED.json")), 10)   # "message" = done
     assert fired, "did not fire after the last SSH session closed"
     assert read(run, "DEADMAN_FIRED.json")["reason"] == "job_ended" and len(calls_of(calls)) == 1
 

@@ -115,3 +115,51 @@ def test_installed_copy_passes_the_official_validator(home):
     res = subprocess.run([need("agentskills"), "validate", str(home / ".claude/skills" / SKILL)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_finding_laptop_L9_a_rerun_refuses_to_replace_an_install_the_user_changed(home):
+    """The README's update path (re-running the installer) never deletes what the user put in the install."""
+    assert run(home, "--agent", "claude").returncode == 0
+    dest = home / ".claude/skills" / SKILL
+    recorded = json.loads((dest / ".rgt-install.json").read_text())["files"]
+    assert recorded["SKILL.md"] and "scripts/rgt.py" in recorded
+    # running the installed tools makes caches: they are not the user's files
+    (dest / "scripts" / "__pycache__").mkdir()
+    (dest / "scripts" / "__pycache__" / "rgt.cpython-311.pyc").write_bytes(b"\0")
+    assert run(home, "--agent", "claude").returncode == 0, "an unchanged install is updated as before"
+    (dest / "references" / "MY-NOTES.md").write_text("my own notes\n")
+    with open(dest / "SKILL.md", "a") as handle:
+        handle.write("# my edit\n")
+    edited = (dest / "SKILL.md").read_bytes()
+    res = run(home, "--agent", "claude")
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert "changed: SKILL.md" in res.stderr and "added: references/MY-NOTES.md" in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert (dest / "references" / "MY-NOTES.md").read_text() == "my own notes\n"
+    assert (dest / "SKILL.md").read_bytes() == edited
+    dry = run(home, "--agent", "claude", "--dry-run")
+    assert dry.returncode == 4 and (dest / "SKILL.md").read_bytes() == edited
+
+
+def test_finding_laptop_L9_force_moves_the_old_tree_aside_and_never_deletes_it(home):
+    assert run(home, "--agent", "claude").returncode == 0
+    dest = home / ".claude/skills" / SKILL
+    (dest / "references" / "MY-NOTES.md").write_text("my own notes\n")
+    res = run(home, "--agent", "claude", "--force")
+    assert res.returncode == 0, res.stderr
+    kept = [line for line in res.stdout.splitlines() if line.startswith("KEPT the old tree at ")]
+    assert kept, res.stdout
+    aside = kept[0][len("KEPT the old tree at "):].split(" (")[0]
+    assert open(os.path.join(aside, "references", "MY-NOTES.md")).read() == "my own notes\n"
+    assert not os.path.abspath(aside).startswith(str(home / ".claude/skills")), "agents would load it as a skill"
+    assert not (dest / "references" / "MY-NOTES.md").exists()
+    assert (dest / "SKILL.md").read_bytes() == (REPO / "SKILL.md").read_bytes()
+    assert run(home, "--agent", "claude").returncode == 0, "the fresh copy records its own files"
+    # a folder that is not ours, replaced with --force, is kept aside too
+    foreign = home / ".agents/skills" / SKILL
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    res = run(home, "--agent", "codex", "--force")
+    assert res.returncode == 0 and "KEPT the old tree at" in res.stdout, res.stdout + res.stderr
+    assert [p.name for p in (home / ".agents" / ".rgt-replaced").iterdir()][0].startswith(SKILL)
+    assert (next((home / ".agents" / ".rgt-replaced").iterdir()) / "notes.txt").read_text() == "mine"

@@ -535,20 +535,25 @@ def test_finding_laptop_5_an_unwritable_ledger_never_hides_what_the_node_did(tmp
               "--poll-seconds", "0.2", "--", "python3", "-c", "print('step 1/1')"]
     bad_ledger = blocked / "remote-gpu-trainer" / "ledger.jsonl"
     res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--run-id", "ro2", *common, ledger=bad_ledger)
-    assert res.returncode == 2 and "cannot be written" in res.stderr and "nothing was started" in res.stderr, \
-        res.stdout + res.stderr
+    assert res.returncode == 12 and "cannot be written" in res.stderr and "nothing was started" in res.stderr, \
+        res.stdout + res.stderr   # exit 12 since issue 35: a launch the ledger cannot record (test_laptop_round5_runs)
     assert not (durable / "runs" / "ro2").exists()               # checked before the node acted
-    # the ledger fills up after the node acted: the launch is reported in full, with a WARN, exit 0
+    # the ledger fills up after its first row (written before the node acts): the launch is reported in full,
+    # with a WARN, exit 0, and that first row lists the run
+    scratch = tmp_path / "scratch.jsonl"       # the size of that first row, from a launch of the same shape
+    assert rgt(tmp_path, sshd_server, "launch", "gpu-box", "--run-id", "ro4", *common, ledger=scratch).returncode == 0
+    first = len(next(l for l in scratch.read_text().splitlines(True) if '"launching"' in l).encode())
     ledger = tmp_path / "full.jsonl"
     ledger.write_text(json.dumps({"event": "push", "host": "x", "time": "2026-12-03T00:00:00Z"}) + "\n")
     base = [sys.executable, str(RGT), "--ssh-config", str(sshd_server.config), "--node-dir",
             str(tmp_path / "node-bin"), "--ledger", str(ledger)]
     res = subprocess.run(base + ["launch", "gpu-box", "--run-id", "ro3", *map(str, common)], capture_output=True,
-                         text=True, timeout=300, cwd=tmp_path, preexec_fn=limited(ledger.stat().st_size))
+                         text=True, timeout=300, cwd=tmp_path, preexec_fn=limited(ledger.stat().st_size + first + 4))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "run id:     ro3" in res.stdout and "watch:" in res.stdout
     assert "WARN could not record this launch" in res.stderr and "unexpected" not in res.stderr
     assert json.loads((durable / "runs" / "ro3" / "status.json").read_text())["state"] == "succeeded"
+    assert "ro3" in run_py(RGT, "--ledger", ledger, "ledger").stdout
     # read-only commands do their work and keep their own exit code
     status = rgt(tmp_path, sshd_server, "status", "gpu-box", "ro3", "--durable-dir", durable, ledger=bad_ledger)
     assert status.returncode == 0 and "SUCCEEDED" in status.stdout, status.stdout + status.stderr

@@ -138,19 +138,23 @@ def test_a_killed_dead_man_with_a_budget_is_reaped_at_the_deadline(box):
 
 @pytest.mark.drill("reaper waits out an unreachable box with a fresh lease")
 def test_an_unreachable_box_is_told_first_and_stopped_only_after_a_second_ttl(box):
-    """sshd unreachable (the alias now points at a closed port): with a fresh lease nothing happens; once the
+    """sshd unreachable (a broken network path to the same box): with a fresh lease nothing happens; once the
     lease ran out a notification goes out and nothing stops; a later reap, a TTL on, stops it."""
     tmp_path, server, api = box
     launch(tmp_path, server, "cut", ttl="3")
     rgt(tmp_path, server, "status", "gpu-box", "cut")               # the ledger keeps this copy of the lease
     read_at = time.time()
     assert rows(tmp_path, "status")[-1]["lease"]["ttl_s"] == 3.0
+    # the same box (ssh -G resolves the same user, host and port) behind a broken network path, with no
+    # multiplexing master to reuse
     cut = tmp_path / "cut_ssh_config"
-    closed = __import__("socket").socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()
-    cut.write_text(Path(server.config).read_text().replace("Port %d" % server.port, "Port %d" % port))
+    cut.write_text(Path(server.config).read_text().replace(
+        "Host gpu-box\n", "Host gpu-box\n  ProxyCommand /bin/false\n  ControlPath none\n  ControlMaster no\n", 1))
+    moved = tmp_path / "moved_ssh_config"     # the alias now leads to another address: not this box, not "down"
+    moved.write_text(Path(server.config).read_text().replace("Port %d" % server.port, "Port 1", 1))
+    code, doc, _err = reap(tmp_path, server, api, config=moved)
+    assert code == 1 and doc["decisions"][0]["action"] == "unknown" and doc["decisions"][0]["reachable"] is None
+    assert not stops(api) and not [r for r in rows(tmp_path) if r.get("reachable") is False], doc
     hook, heard, env = webhook_target(tmp_path, "reap-signing-secret-0123")
     try:
         code, doc, _err = reap(tmp_path, server, api, "--notify-config", env["RGT_NOTIFY_CONFIG"], config=cut)
@@ -242,3 +246,28 @@ def test_the_ci_schedule_template_runs_the_reaper_with_keys_only_from_secrets():
     import reap
     opts = reap.build_parser().parse_args([w for w in words[2:cut] + words[cut + 1:]])
     assert opts.ledger == "state/ledger.jsonl" and opts.action == "run" and not opts.dry_run
+
+
+def test_the_opt_in_digest_lists_what_still_bills_once_per_period(box):
+    """--digest-days: one still_billing message names the running box and its ungated run; a second reap within
+    the period sends none (a ledger row remembers it); without the option nothing is sent; a dry run tells no one."""
+    tmp_path, server, api = box
+    launch(tmp_path, server, "dig", ttl="60")
+    hook, heard, env = webhook_target(tmp_path, "digest-signing-secret-0123")
+    try:
+        config = env["RGT_NOTIFY_CONFIG"]
+        reap(tmp_path, server, api, "--notify-config", config)
+        reap(tmp_path, server, api, "--notify-config", config, "--digest-days", "7", "--dry-run")
+        assert not [h for h in heard if h.get("event") == "still_billing"], heard
+        code, doc, _err = reap(tmp_path, server, api, "--notify-config", config, "--digest-days", "7")
+        digest = [d for d in doc["decisions"] if d["action"] == "digest"]
+        assert code == 0 and len(digest) == 1 and "runs not gated: dig" in digest[0]["why"], doc
+        wait_for(lambda: [h for h in heard if h.get("event") == "still_billing"], what="the digest message")
+        code, doc, _err = reap(tmp_path, server, api, "--notify-config", config, "--digest-days", "7")
+        assert not [d for d in doc["decisions"] if d["action"] == "digest"], doc
+        assert len([h for h in heard if h.get("event") == "still_billing"]) == 1, heard
+        assert [r for r in rows(tmp_path) if r.get("notice") == "digest"][0]["boxes"] == 1
+        assert not stops(api)
+    finally:
+        hook.shutdown()
+        hook.server_close()

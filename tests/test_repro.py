@@ -3,6 +3,7 @@
 recorded patch, seeds, the environment check, the re-run, reconcile.py), and its refusals."""
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -317,3 +318,21 @@ def test_finding_field_N7_a_log_number_that_differs_is_caught(tmp_path):
     assert repro(run_dir, "-o", tmp_path / "repro.sh", "--log-regex", ITER_RX).returncode == 0
     done = run_script(tmp_path / "repro.sh", tmp_path / "w", tmp_path)
     assert done.returncode == 1 and "DIFFERS" in done.stdout, done.stdout + done.stderr
+
+
+def test_finding_laptop_L11_a_newline_in_the_run_dir_name_never_becomes_a_command(tmp_path):
+    """A run folder named with newlines and a command (a shared archive, someone else's pull): repro.sh holds
+    the path only as one quoted word, never in a comment, so running the script runs nothing of the name."""
+    _proj, run_dir = hand_recorded(tmp_path)
+    hostile = run_dir.parent / "x\ntouch PWNED_L11\n#"
+    os.rename(run_dir, hostile)
+    script = tmp_path / "repro.sh"
+    res = repro(hostile, "-o", script, "--allow-unpinned")
+    assert res.returncode == 0, res.stderr
+    body = script.read_text()
+    assert not [line for line in body.splitlines() if line.startswith("#") and "PWNED" in line]
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=60).returncode == 0
+    subprocess.run(["bash", str(script), str(tmp_path / "w")], capture_output=True, text=True, timeout=600,
+                   env=env_for(tmp_path), cwd=str(tmp_path))
+    assert not (tmp_path / "PWNED_L11").exists(), "a line of the run dir's name ran as a command"
+    assert "ORIG_RUN=%s" % shlex.quote(str(hostile)) in body

@@ -131,8 +131,8 @@ def chain(tmp_path, server, bare, bare_node=False):
     assert json.loads(ledger.stdout)["runs"] == []  # through the gate: no longer listed
     assert "cli-1" in rgt(tmp_path, sshd_server, "ledger", "--all").stdout
     events = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
-    assert [(e["event"], e["attempt"]) for e in events if e.get("run_id")] == \
-        [("launch", 1), ("status", 1), ("pull", 1), ("gate", 1)]
+    assert [(e["event"], e.get("attempt")) for e in events if e.get("run_id")] == \
+        [("launch_pending", None), ("launch", 1), ("status", 1), ("pull", 1), ("gate", 1)]
     assert [e["state"] for e in events if e["event"] == "sweep"] == ["all saved"]
 
 

@@ -350,7 +350,7 @@ def node(tmp_path, sshd_server):
     wrapper = tmp_path / "node-python"
     wrapper.write_text('#!/bin/sh\necho "$@" >> %s\nexec %s "$@"\n' % (starts, sys.executable))
     wrapper.chmod(0o755)
-    (tmp_path / "node-bin" / core.INTERPRETER_FILE).write_text(str(wrapper) + "\n")
+    (tmp_path / "node-bin" / core.interpreter_record_name()).write_text(str(wrapper) + "\n")   # this box's
     run = new_run(tmp_path, state="succeeded", exit_code=0)
     (run / "exit_code").write_text("0\n")
     return run, starts

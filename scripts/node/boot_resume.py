@@ -14,8 +14,11 @@ starting/running/stalled/syncing but whose supervisor and job are gone:
     unless someone acknowledges.
 Each run the sweep resumes or re-arms is told as boot_resume (notify.py, when a target is configured and the
 run's notify_events takes it): run_id, attempt, resume_from, action.
+A finished run whose dead-man died with the box before its work was done (still armed in the run's
+grace, firing, or fired with the stop not confirmed or failed; or ended by the shutdown's signal in an
+earlier boot) gets its dead-man re-armed with its own settings (finding N2).
 Runs with a live supervisor, job or launcher (a launch still starting), runs an explicit resume holds
-(RUN_DIR/resume.lock), and finished runs, are left alone; one sweep runs at a time on the box (an flock,
+(RUN_DIR/resume.lock), and other finished runs, are left alone; one sweep runs at a time on the box (an flock,
 boot_resume.lock beside the box registry), so a boot hook that fires twice resumes each run once. A crash loop cannot bill forever:
 besides --max-attempts, no run is resumed once its first attempt started more than --give-up-hours
 ago (default 48); it is re-armed instead.
@@ -57,6 +60,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402
 
 DROP_ON_REPLAY = ("--wait", "--json")  # a boot hook must not block, and reads no JSON
 
@@ -79,12 +83,10 @@ def deadman_busy(run_dir):
 def orphaned(run_dir):
     """(status, run) when the run should be running but nothing of it is alive, else None."""
     status = core.read_json(os.path.join(run_dir, "status.json"))
-    if status.get("state") not in core.ACTIVE_RUN_STATES:
+    if status.get("state") not in runrec.ACTIVE:
         return None
     # a launch still starting (its run_one.sh alive, no supervisor yet) is not orphaned (finding A5)
-    alive = any(core.record_alive(status.get(k + "_identity"), status.get(k + "_pid"))
-                for k in ("supervisor", "job", "launcher"))
-    if alive:
+    if runrec.activity(status)["any"]:
         return None
     return status, core.read_json(os.path.join(run_dir, "run.json"))
 
@@ -157,7 +159,8 @@ def relaunch(run_dir, run):
 
 def arm_again(run_dir):
     """Arm a dead-man with the last one's settings -> (ok, last output line)."""
-    arm = [sys.executable, os.path.join(HERE, "deadman.py"), "arm", "--run-dir", run_dir] + rearm_args(run_dir)
+    arm = [sys.executable, os.path.join(HERE, "deadman.py"), "arm", "--run-dir", run_dir, "--notify-refused-ok"] \
+        + rearm_args(run_dir)   # a refused notify config warns: the run must be watched whatever it says
     res = core.run_bounded(arm, 60)
     return res.rc == 0, res.output.strip().splitlines()[-1:] if res.rc else None
 
@@ -213,6 +216,46 @@ def tell_boot(run_dir, run, result, resume_from=None):
         pass
 
 
+def unfinished_watch(run_dir):
+    """Why RUN_DIR's dead-man must be armed again although the run is over, or None (finding N2): it died with
+    the box while its work was not done: still armed (the run's grace running), firing, or fired with a stop
+    not confirmed (confirmed false, or the stop failed). Ended by a signal (a shutdown's SIGTERM) in an
+    earlier boot counts too. A dry run, a disarm, or a stop that ran and was not disproved is done."""
+    doc = core.read_json(os.path.join(run_dir, core.DEADMAN_FILE))
+    if not doc or deadman_busy(run_dir):
+        return None
+    st = core.deadman_state(run_dir)
+    if st["watching"] or st["alive"]:
+        return None
+    state, fired = st["state"], st["fired"] or {}
+    if state == "armed" and not fired:
+        return "its dead-man died with the box before the run's grace ran out"
+    if state in ("firing", "fired", "telling") or fired:
+        if fired.get("dry_run"):
+            return None
+        if fired.get("confirmed") is False or fired.get("ok") is False:
+            return "its dead-man fired but the stop was %s" % ("not confirmed" if fired.get("confirmed") is False
+                                                              else "not done")
+        return None
+    booted = (doc.get("identity") or {}).get("boot_id") if isinstance(doc.get("identity"), dict) else None
+    if state == "exited" and booted and booted != core.boot_id():
+        return "its dead-man was ended by the shutdown before the run's grace ran out"
+    return None
+
+
+def rearm_unfinished(run_dir, dry_run):
+    """A finished run whose dead-man had not finished its work: arm it again with its own settings."""
+    why = unfinished_watch(run_dir)
+    if why is None:
+        return None
+    if dry_run:
+        return {"run_dir": run_dir, "action": "would re-arm the dead-man", "why": why, "ok": True}
+    ok, detail = arm_again(run_dir)
+    result = {"run_dir": run_dir, "action": "re-armed the dead-man", "why": why, "ok": ok, "detail": detail}
+    tell_boot(run_dir, core.read_json(os.path.join(run_dir, "run.json")), result)
+    return result
+
+
 def boot_sweep_one(run_dir, args):
     """One run of the boot sweep; a run whose records are damaged is reported (and re-armed when it can be),
     never allowed to stop the sweep of the others. A run that an explicit resume holds (its resume.lock) is
@@ -231,7 +274,9 @@ def boot_sweep_one(run_dir, args):
                     return {"run_dir": run_dir, "action": "left alone", "ok": True,
                             "why": "another resume of this run is in progress"}
             found = orphaned(run_dir)   # read under the lock, as it is now
-            return resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours) if found else None
+            if found:
+                return resume(run_dir, found[0], found[1], args.dry_run, args.give_up_hours)
+            return rearm_unfinished(run_dir, args.dry_run)
         finally:
             if lock is not None:
                 os.close(lock)
@@ -277,8 +322,8 @@ SUPERVISOR_EXIT_SECONDS = 60
 
 
 def live_parts(status):
-    return [name for name in ("supervisor", "job")
-            if core.record_alive(status.get(name + "_identity"), status.get(name + "_pid"))]
+    act = runrec.activity(status)
+    return [name for name in ("supervisor", "job") if act[name]]
 
 
 def resume_checks(run_dir, status, run, args):
@@ -287,7 +332,7 @@ def resume_checks(run_dir, status, run, args):
     result = {"run_dir": run_dir, "attempt": None if attempt is None else attempt + 1, "ok": False,
               "action": "refused"}
     live = live_parts(status)
-    if live == ["supervisor"] and status.get("state") not in core.ACTIVE_RUN_STATES:
+    if live == ["supervisor"] and status.get("state") not in runrec.ACTIVE:
         # the attempt is over (final status written) and its supervisor is tidying up: give it a moment
         deadline = time.monotonic() + SUPERVISOR_EXIT_SECONDS
         while live and time.monotonic() < deadline:
@@ -415,7 +460,7 @@ def hand_over(run_dir, status, run, result):
             result.update(ok=False, action="refused", why="the armed dead-man did not stand down within %d s"
                           % HAND_OVER_SECONDS)
             return 1, result
-    if status.get("state") in core.ACTIVE_RUN_STATES:
+    if status.get("state") in runrec.ACTIVE:
         mark_failed(run_dir, status, "attempt %d died with nothing left alive; resumed as attempt %d" % (
             attempt, attempt + 1))
     ok, seconds, detail = relaunch(run_dir, run)

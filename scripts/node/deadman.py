@@ -16,7 +16,12 @@ Runs ON THE GPU NODE, detached from any SSH session, and watches one run directo
              --stall-minutes (a hung NCCL collective or a deadlocked loader bills forever);
              while another watched run on the box still progresses, only THIS run's job is
              stopped (its stop signal, then its sync) and the box is left on for the other run;
-  max_hours  --max-hours passed since arming, whatever the job is doing.
+             while the job is over and its supervisor syncs or waits on leftover members of the
+             job's process group, the limit is at least --sync-wait-seconds + 95 s (its own bound);
+  max_hours  --max-hours (or the hours --budget-usd buys) passed since arming, whatever the job is doing;
+             a cap is the run's: while another watched run on the box still progresses, only THIS
+             run is stopped (its stop signal, then its sync; RUN_DIR/CAP_STOPPED.json, scope "run")
+             and the box stop waits until no other run holds it off.
 A torn or unreadable status.json is never read as "no job": the dead-man holds, and the stall
 rule and the cap still apply. Other runs on the box (the box registry, runrec.py) hold the stop
 off only while they are watched by their own dead-man and progressing: a hung, unwatched neighbour
@@ -31,22 +36,24 @@ a broken watcher cannot fail open). A reserve file made at arm time is given up 
 full, and records are best effort: the stop runs anyway.
 
 Firing: DEADMAN_FIRED.json is written first (best effort); a still-running job gets the run's stop
-signal (run.json stop_signal, default SIGTERM; status.json job_stop says so first, so the supervisor records
-the run as interrupted whatever the job's exit code) on its process group and up to --term-grace-seconds
-to checkpoint, and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
-stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a
-confirmation (the provider's state where an adapter exists; for a stop meant to end the machine,
-this box still up --confirm-seconds later means NOT CONFIRMED, retried, then the fallback), and an
-escalation (a record and a notification) when the stop is not confirmed or fails. A provider stop that read
-CONFIRMED is revoked when this box is still up --still-up-seconds later; a fallback's exit code never confirms
-a provider stop (its state is read back). The dead-man never gives up (finding C7): after a stop that failed
-or was NOT CONFIRMED it stays, state "retrying", and runs the whole stop again every --stop-retry-minutes
-(the gap doubling to at most 15 min) until one is confirmed or `deadman.py ack` acknowledges it, telling
-stop_not_confirmed on its own backoff; DEADMAN_FIRED.json "stop_retry" says how many tries and since when.
-Every error text, record and log line passes rgt_core.redact (no key reaches the run dir: finding C8). The stop command
-is checked when armed (its program found, $VAR resolvable from the environment or PID 1's); a
-script without a "#!" line runs through /bin/sh. The record's "confirmed" is true, false or null
-(a custom stop that cannot be confirmed); run_status prints STOP NOT CONFIRMED while it is false.
+signal (run.json stop_signal, default SIGTERM; status.json job_stop says so first, so the supervisor
+records the run as interrupted whatever the job's exit code) on its process group and up to
+--term-grace-seconds to checkpoint, then SIGKILL to the group if the job is still alive
+(job_term.killed), and the supervisor up to --sync-wait-seconds to finish its durable sync; then the
+stop engine (stop_engine.py) runs: --pre-stop-cmd, the stop with --retries and backoff, a confirmation
+(the provider's state where an adapter exists; for a stop meant to end the machine, this box still up
+--confirm-seconds later means NOT CONFIRMED, retried, then the fallback), and an escalation (a record
+and a notification) when the stop is not confirmed or fails. The stop command is checked when armed (its
+program found, $VAR resolvable from the environment or PID 1's); a script without a "#!" line runs
+through /bin/sh. The record's "confirmed" is true, false or null (a custom stop that cannot be
+confirmed); run_status prints STOP NOT CONFIRMED while it is false.
+A provider stop that read CONFIRMED is revoked when this box is still up --still-up-seconds later; a
+fallback's exit code never confirms a provider stop (its state is read back). The dead-man never gives up
+(finding C7): after a stop that failed or was NOT CONFIRMED it stays, state "retrying", and runs the whole
+stop again every --stop-retry-minutes (the gap doubling to at most 15 min) until one is confirmed or
+`deadman.py ack` acknowledges it, telling stop_not_confirmed on its own backoff; DEADMAN_FIRED.json
+"stop_retry" says how many tries and since when. Every error text, record and log line passes
+rgt_core.redact (no key reaches the run dir: finding C8).
 
 Destructive stops (METER_STOP_DESTRUCTIVE true, --stop-cmd-destructive, or inferred from any word
 of the command at any depth of wrapping: destructive.py) run only with --allow-destructive AND a
@@ -55,7 +62,9 @@ non-destructive fallback runs, if given.
 
 SSH sessions (--wait-ssh; sessions.py): interactive, command and tunnel (`ssh -N`) sessions hold
 the firing off after the job is over, at most --ssh-wait-max-minutes (60), and a session with no
-traffic for --ssh-idle-minutes (30) stops counting.
+traffic for --ssh-idle-minutes (30) stops counting. Only --ssh-user's sessions count (default: the
+user who arms it; * = every user). Where idle time cannot be measured (not root: sshd's /proc/PID/io
+is unreadable), arm warns and status says so (ssh_idle_problem).
 
 Messages (notify.py, when a target is configured; a --dry-run dead-man tells no one): deadman_fired when
 it fires (with budget_100 when the cap that fired is the one --budget-usd bought), stalled, stop_confirmed,
@@ -65,11 +74,14 @@ once (80% of the hours --budget-usd buys at --rate-per-hour have passed since ar
 crossing (the run dir's or the durable dir's filesystem under --disk-floor-gb or --disk-floor-inodes; told
 again only after it came back 10% above the floor; a filesystem that does not answer is skipped). The run's
 own list (run.json notify_events) narrows what is sent. RUN_DIR/notified.json records what was told, so a
-re-armed dead-man does not tell it again.
+re-armed dead-man does not tell it again. A message a target dropped or a bad config refused is logged
+("NOTIFY: ... NOT delivered") and counted in deadman.json notify_lost (run_status shows the count). A
+notify config the node refuses (notify.py check fails) is refused at arm time (exit 3), unless --dry-run
+or --notify-refused-ok (a warning; boot_resume.py re-arms that way: a run is never left unwatched).
 
 Usage:
   deadman.py arm --run-dir DIR [--stall-minutes 30] [--grace-minutes 15] [--max-hours H]
-                 [--wait-ssh] [--ssh-wait-max-minutes 60] [--ssh-idle-minutes 30]
+                 [--wait-ssh] [--ssh-wait-max-minutes 60] [--ssh-idle-minutes 30] [--ssh-user USER]
                  [--profile NAME | --stop-cmd "ARGV" [--stop-cmd-destructive]]
                  [--allow-destructive] [--fallback-stop-cmd "ARGV"] [--pre-stop-cmd "ARGV"]
                  [--pre-stop-timeout 300] [--retries 3] [--retry-backoff 10] [--stop-timeout 120]
@@ -78,13 +90,14 @@ Usage:
                  [--job-pid PID] [--poll-seconds 30] [--lease-ttl-seconds S] [--repeat-minutes 15]
                  [--registry DIR] [--dry-run]
                  [--budget-usd USD --rate-per-hour X] [--disk-floor-gb 10] [--disk-floor-inodes 10000]
-                 [--foreground] [--json]
+                 [--notify-refused-ok] [--foreground] [--json]
   deadman.py ack --run-dir DIR [--postpone-minutes M | --disarm] [--json]
   deadman.py status --run-dir DIR [--json]
 
 Exit codes:
   arm     0 armed (prints the dead-man pid), 2 usage, 3 refused (a live dead-man already
-          watches this run dir, or the stop command cannot run here); with --foreground: 0 after
+          watches this run dir, the stop command cannot run here, or the notify config is refused);
+          with --foreground: 0 after
           firing with the stop succeeding and not disproved (or a dry run that found a command,
           or disarmed), 1 when it fired but every stop failed, was not confirmed, was refused, or
           no stop command exists.
@@ -120,17 +133,19 @@ except ImportError:  # pragma: no cover
     fcntl = None
 
 TERMINAL = runrec.TERMINAL
-ACTIVE = ("starting", "running", "syncing")
+ACTIVE = runrec.ACTIVE
 NO_STOP_MSG = stop_engine.NO_STOP_MSG
 REFUSED_MSG = stop_engine.REFUSED_MSG
 STATE_FILE = core.DEADMAN_FILE
 FIRED_FILE = core.DEADMAN_FIRED_FILE
+CAP_STOPPED_FILE = runrec.CAP_STOPPED
 LOCK_FILE = "deadman.lock"
 WATCH_RESERVE = ".rgt-watch-reserve"
 SUSPEND_THRESHOLD = 60.0
 BUDGET_WARN_SHARE = 0.8           # budget_80: this share of the hours the budget buys has passed
 DISK_RECOVER = 1.1                # a low disk counts as recovered only this far above its floor (hysteresis)
 RETRY_CAP_SECONDS = 900.0         # the stop retries' backoff stops doubling here (unless --stop-retry-minutes is longer)
+WIND_DOWN_SECONDS = 95.0          # the supervisor's own bound on leftover group members (60 + 30 + 5 s)
 DISK_CHECK_SECONDS = 2.0          # a filesystem that does not answer statvfs in this long is skipped this poll
 # What this process runs: a push that replaces the folder later does not change it (status flags it).
 LOADED_VERSION = core.toolkit_version()
@@ -219,6 +234,7 @@ class Watcher(object):
         self.next_deadline = None         # monotonic: the earliest firing the last check foresaw (R15)
         self.budget_told = False          # budget_80 sent by this watcher
         self.evaluations = 0              # checks made so far (lease.json)
+        self.notify_lost = {"count": 0, "last": None}   # messages dropped or refused (finding C9)
 
     def due_at(self, mono):
         """Note a deadline the last check foresaw (a grace, stall or cap running out), so the poll wakes
@@ -261,7 +277,11 @@ class Watcher(object):
         doc = {"pid": os.getpid(), "identity": core.process_identity(), "host": socket.gethostname(),
                "run_dir": self.run_dir, "armed_at": stamp(self.armed_at), "state": self.state,
                "updated_at": stamp(), "config": self.cfg, "last_check": self.last_note,
-               "toolkit_version": LOADED_VERSION, "loaded_version": LOADED_VERSION}
+               "toolkit_version": LOADED_VERSION, "loaded_version": LOADED_VERSION,
+               "notify_lost": self.notify_lost}
+        ssh = getattr(self, "ssh_view", None)
+        if ssh is not None:
+            doc["ssh"] = ssh
         if self.fired:
             doc["fired"] = {"reason": self.fired.get("reason"), "ok": self.fired.get("ok"),
                             "confirmed": self.fired.get("confirmed"), "fired_at": self.fired.get("fired_at")}
@@ -322,10 +342,36 @@ class Watcher(object):
             self.tell_budget(now, send)
 
     def sender(self):
-        """send(event, fields) for this watcher's messages (stop_engine.notifier), or None: a dry run tells no one."""
+        """send(event, fields) for this watcher's messages (stop_engine.notifier), or None: a dry run tells no one.
+        A message dropped or refused is counted (deadman.json notify_lost) and logged (finding C9)."""
         if self.cfg.get("dry_run"):
             return None
-        return stop_engine.notifier(self.notify_fields(), self.notify_events())
+        inner = stop_engine.notifier(self.notify_fields(), self.notify_events())
+        if inner is None:
+            return None
+
+        def send(event, fields):
+            result = inner(event, fields)
+            self.count_lost(event, result)
+            return result
+        return send
+
+    def count_lost(self, event, result):
+        """Count a message that reached no one for good: dropped by a target, or refused by a bad config."""
+        if not isinstance(result, dict):
+            return
+        skipped = str(result.get("skipped") or "")
+        lost = [("%s: %s" % (name, (result.get("errors") or {}).get(name, "dropped"))) for name in
+                result.get("dropped") or []]
+        if skipped.startswith(("notify config unusable", "notify error")) or result.get("error"):
+            lost.append(skipped or str(result.get("error")))
+        if not lost:
+            return
+        self.notify_lost["count"] += 1
+        self.notify_lost["last"] = "%s at %s: %s" % (event, stamp(), "; ".join(lost)[:300])
+        self.log("NOTIFY: %s NOT delivered (%s); %d message(s) lost so far"
+                 % (event, "; ".join(lost)[:300], self.notify_lost["count"]))
+        self.write_state()
 
     def notify_events(self):
         """The run's own event list (None: every event); a box watcher has no run."""
@@ -406,6 +452,9 @@ class Watcher(object):
             if verdict and verdict[0] == "stall_run":
                 self.stop_own_job(*verdict[1:])
                 verdict = None
+            if verdict and verdict[0] == "cap_run":
+                self.stop_run_at_cap(*verdict[1:])
+                verdict = None
             if verdict:
                 self.state = "firing"
                 self.renew_lease()
@@ -424,6 +473,9 @@ class Watcher(object):
 
     def stop_own_job(self, detail, job_pid, job_alive):
         """Overridden by the run dead-man; other watchers have no job of their own."""
+
+    def stop_run_at_cap(self, detail, job_pid, job_alive):
+        """Overridden by the run dead-man; a box watcher's cap is the box's."""
 
     def renew_lease(self):
         """Overridden by the run dead-man: its run's lease (runrec.LEASE); a box watcher has none."""
@@ -623,6 +675,7 @@ class Deadman(Watcher):
         self.ack_sig = None
         self.ack_until_mono = None
         self.stopped_job = None           # the job this dead-man already stopped for a stall
+        self.cap_stopped = None           # CAP_STOPPED.json: this run stopped at its cap, the box left on
         self.progress_look = None         # (mtime of heartbeat.json, of job.log) at the last first_progress look
         self.progress_base = {}           # attempt -> the first step its heartbeat showed this dead-man
         self.progress_told = set()        # attempts whose first_progress is told (or was, says notified.json)
@@ -701,7 +754,16 @@ class Deadman(Watcher):
         candidates = []
         cap = self.cap_reached(now)
         if cap:
-            candidates.append(cap[:2])
+            # Finding C2: a run's cap is the run's. While other watched runs still progress, stop this run (its
+            # stop signal, its sync) once and leave the box on; the box stop waits for the last of them.
+            holding, _ignored = self.neighbours()
+            if not holding:
+                candidates.append(cap[:2])
+            elif self.cap_stopped is None and not postponed:
+                return "cap_run", "%s; other runs still train (%s)" % (cap[1], ", ".join(holding[:5])), \
+                    job_pid, job_alive
+            else:
+                self.note("%s: this run stopped; holding the box stop for %s" % (cap[1], ", ".join(holding[:5])))
 
         if unreadable:
             # Finding A7: never "no job". Hold; the stall rule and the cap still apply.
@@ -712,7 +774,7 @@ class Deadman(Watcher):
                 ended_at = core.parse_iso(status.get("ended_at"))
                 self.ended_mono = self.from_wall(ended_at, now) if ended_at is not None else now
             active, why_over = False, "job %s (exit %s)" % (state, status.get("exit_code"))
-        elif job_alive or (helper_alive and state in ACTIVE + ("stalled", None)):
+        elif job_alive or (helper_alive and state in ACTIVE + (None,)):
             active, why_over = True, None
             self.ended_mono = None
             self.ssh.reset()
@@ -724,14 +786,32 @@ class Deadman(Watcher):
         else:
             active, why_over = False, None
 
-        if active:
+        winding_down = active and not unreadable and not job_alive and helper_alive and (
+            state == "syncing" or bool((status or {}).get("waiting_for_group")))
+        if winding_down and cfg["stall_minutes"]:
+            # Finding A3 (residual): the job is over and its supervisor is waiting on leftover group members or
+            # syncing. Neither writes a heartbeat, and stopping the box now would lose the sync: the stall limit
+            # is at least the supervisor's own bounded wait plus --sync-wait-seconds, so only a supervisor hung
+            # far past both is stopped (the cap still applies).
+            quiet_since = max(self.progress_mono, self.resumed_mono or self.armed_mono)
+            limit = max(cfg["stall_minutes"] * 60, cfg["sync_wait_seconds"] + WIND_DOWN_SECONDS)
+            doing = "syncing" if state == "syncing" else "waiting for the job's leftover process group"
+            if now - quiet_since >= limit:
+                candidates.append(("stall", "job over but its supervisor has been %s with no progress for %s "
+                                            "(limit %s)" % (doing, dur(now - quiet_since), dur(limit))))
+            else:
+                self.due_at(quiet_since + limit)
+                self.note("job over; the supervisor is %s: the stall rule waits (up to %s)" % (doing, dur(limit)))
+        elif active and not winding_down:
             quiet_since = max(self.progress_mono, self.resumed_mono or self.armed_mono)
             quiet = now - quiet_since
             if cfg["stall_minutes"]:
                 self.due_at(quiet_since + cfg["stall_minutes"] * 60)
             if core.is_stalled(quiet, cfg["stall_minutes"]):
-                detail = ("job alive (pid %s, state %s) but heartbeat.json and job.log unchanged for %s (limit %g min)"
-                          % (job_pid, state, dur(quiet), cfg["stall_minutes"]))
+                who = ("job alive (pid %s, state %s)" % (job_pid, state)) if job_alive else (
+                    "job pid %s gone but its supervisor alive (state %s)" % (job_pid, state))
+                detail = ("%s but heartbeat.json and job.log unchanged for %s (limit %g min)"
+                          % (who, dur(quiet), cfg["stall_minutes"]))
                 holding, _ignored = self.neighbours()
                 if holding and job_alive and job_pid and self.stopped_job != job_pid:
                     # Finding R3: stop this run's job, not the box under a healthy run.
@@ -759,7 +839,12 @@ class Deadman(Watcher):
             if self.others_released is not None:
                 idle_since = max(idle_since, self.others_released)
             if cfg["wait_ssh"] and not holding:
-                ssh_hold, counted, idle, capped = self.ssh.hold(now, ssh_sessions())
+                found = ssh_sessions(user=cfg.get("ssh_user"))
+                problem = sessions.idle_problem(found, cfg.get("ssh_idle_minutes"))
+                self.ssh_view = {"user": cfg.get("ssh_user"), "counted": len(found or []), "idle_problem": problem}
+                if problem:
+                    self.note(problem)
+                ssh_hold, counted, idle, capped = self.ssh.hold(now, found)
                 if ssh_hold:
                     holding, self.last_ssh = True, now
                     self.note("job over; waiting for %d SSH session(s) to close: %s (at most until %s)"
@@ -845,6 +930,21 @@ class Deadman(Watcher):
             runrec.set_status(self.run_dir, job_stop=None)   # nothing was stopped
         rec["waited_seconds"] = round(self.wait_until(lambda: not core.pid_alive(pid), cfg["term_grace_seconds"]), 2)
         rec["job_exited"] = not core.pid_alive(pid)
+        if not rec["job_exited"] and "error" not in rec:
+            # Finding N4: a job that ignores its stop signal is killed after the grace, so the supervisor can sync
+            # and the box stop follow at once (not after --sync-wait-seconds spent waiting on a job that lives on).
+            rec["killed"] = {"signal": "SIGKILL", "at": stamp()}
+            try:
+                if group:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+            except OSError as exc:
+                rec["killed"]["error"] = str(exc)
+            self.wait_until(lambda: not core.pid_alive(pid), 5.0)
+            rec["job_exited"] = not core.pid_alive(pid)
+            self.log("the job outlived %s by %g s: sent SIGKILL to %s; job exited: %s"
+                     % (sig.name, cfg["term_grace_seconds"], rec["target"], rec["job_exited"]))
 
         def sync_over():  # give the supervisor a chance to finish its durable sync of what the job saved
             status = runrec.status(self.run_dir)
@@ -875,6 +975,32 @@ class Deadman(Watcher):
         send = self.sender()
         if send is not None:
             send("stalled", {"detail": detail, "box_stop": False})
+
+    def stop_run_at_cap(self, detail, job_pid, job_alive):
+        """Finding C2: the run's cap passed while other watched runs train: stop this run's job (its stop signal,
+        then its sync), record CAP_STOPPED.json (scope "run") and leave the box on; the box stop fires once no
+        other run holds it (the usual neighbour rule)."""
+        reason = "max_hours"
+        others, _ignored = self.neighbours()
+        self.log("CAP: %s: stopping this run only; the box stays on for %d other run(s)" % (detail, len(others)))
+        rec = {"reason": reason, "scope": "run", "detail": detail, "at": stamp(), "box_stop": False,
+               "other_runs": others, "job_term": None}
+        self.cap_stopped = rec
+        self.save(CAP_STOPPED_FILE, rec)   # what happened goes on disk before the signal
+        send = self.sender()
+        if send is not None:
+            send("deadman_fired", {"reason": reason, "detail": detail, "scope": "run", "box_stop": False})
+            hours, spent = self.budget(time.monotonic())
+            if hours is not None and self.cfg.get("max_hours", 0) >= hours - 1e-6:
+                send("budget_100", spent)
+        if job_alive and job_pid:
+            try:
+                rec["job_term"] = self.term_job(job_pid, reason)
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = str(exc)
+        rec["state_after"] = runrec.status(self.run_dir).get("state")
+        self.write_state({"cap_stopped": rec})
+        self.save(CAP_STOPPED_FILE, rec)
 
     def notify_fields(self):
         return {"host": socket.gethostname(), "run_dir": self.run_dir,
@@ -1068,7 +1194,10 @@ WATCH_OPTIONS = [
     ("ssh_wait_max_minutes", "--ssh-wait-max-minutes", "float+", 60.0,
      "open SSH sessions delay the firing by at most this much (60; always on)"),
     ("ssh_idle_minutes", "--ssh-idle-minutes", "float", 30.0,
-     "an SSH session with no traffic for this long stops counting (30; 0 = off)"),
+     "an SSH session with no traffic for this long stops counting (30; 0 = off; said at arm and in status "
+     "when its traffic cannot be read)"),
+    ("ssh_user", "--ssh-user", "str", None,
+     "only this user's SSH sessions count (default: the user who arms it; * = every user)"),
     ("allow_destructive", "--allow-destructive", "flag", False,
      "permit a destructive stop, and only after the durable sync re-verifies at fire time"),
     ("fallback_stop_cmd", "--fallback-stop-cmd", "str", None,
@@ -1185,13 +1314,40 @@ def build_config(args, run_dir):
     elif not cfg["stop_cmd"] and not cfg["fallback_stop_cmd"]:
         warnings.append("WARNING: %s if this fires (no --stop-cmd, and profile %s has no METER_STOP_CMD); "
                         "it will only record why" % (NO_STOP_MSG, profile or "(none)"))
+    cfg["ssh_user"] = args.ssh_user or sessions.arming_user()
     if args.wait_ssh and ssh_sessions() is None:
         warnings.append("WARNING: --wait-ssh cannot see SSH sessions here (no /proc); it has no effect")
+    elif args.wait_ssh:   # finding N13: an idle limit that cannot be measured is said, not silently ignored
+        problem = sessions.idle_problem(ssh_sessions(user=cfg["ssh_user"]), args.ssh_idle_minutes)
+        if problem:
+            warnings.append("WARNING: " + problem)
+    if not args.dry_run:
+        problem = notify_config_problem()
+        if problem and not getattr(args, "notify_refused_ok", False):
+            raise core.Refused(problem)
+        if problem:
+            warnings.append("WARNING: " + problem)
     if cfg["destructive"] and not args.allow_destructive:
         warnings.append("WARNING: the stop command is DESTRUCTIVE and --allow-destructive is not set: it will be "
                         "refused%s" % (" and the fallback run" if cfg["fallback_stop_cmd"]
                                        else "; with no --fallback-stop-cmd the meter keeps running"))
     return cfg, warnings
+
+
+def notify_config_problem():
+    """Finding C10: a notify config the node refuses would make every message of this watcher vanish. The arm
+    refuses (exit 3, one line) so the launch says so, instead of a watcher that tells no one; a re-arm after a
+    restart (--notify-refused-ok) warns instead, since a run must never be left unwatched. No config is fine."""
+    try:
+        import notify
+    except ImportError:
+        return None
+    try:
+        notify.load_config()
+    except (core.UsageError, core.Refused) as exc:
+        return ("the notify config is refused (%s): no message would be sent; fix it (notify.py check) or move "
+                "it away, then arm again" % str(exc).splitlines()[0][:300])
+    return None
 
 
 def armed(args):
@@ -1361,7 +1517,7 @@ def cmd_status(args):
     doc = core.read_json(os.path.join(run_dir, STATE_FILE)) or None
     fired, cfg = st["fired"], st["config"]
     ack = core.read_json(os.path.join(run_dir, "ACK")) or None
-    sessions = ssh_sessions()
+    counted = ssh_sessions(user=cfg.get("ssh_user") or None)
     word = st["word"]
     if word == "FIRED":
         rc = 7
@@ -1371,6 +1527,11 @@ def cmd_status(args):
                 fired.get("reason"), fired.get("fired_at"),
                 ": would run %s" % json.dumps(fired["would_run"]) if fired.get("would_run") else
                 ": %s" % (fired.get("message") or "no stop command"))
+        elif fired.get("ok") is False and not fired.get("attempts") and not any(
+                fired.get(k) for k in ("refused", "message", "error", "fallback", "last_resort_rc")):
+            # finding N4: the job's stop signal and sync come first; no attempt has failed yet
+            line = "reason=%s at %s stop pending (no stop attempt has run yet)" % (fired.get("reason"),
+                                                                                 fired.get("fired_at"))
         else:
             line = "reason=%s at %s stop_ok=%s %s" % (fired.get("reason"), fired.get("fired_at"), fired.get("ok"),
                                                        fired.get("refused") or fired.get("message") or "")
@@ -1387,6 +1548,9 @@ def cmd_status(args):
         until = (ack or {}).get("until")
         if isinstance(until, (int, float)) and not isinstance(until, bool) and until > time.time():
             line += " postponed-until=%s" % stamp(until)
+        if cfg.get("wait_ssh"):
+            problem = sessions.idle_problem(ssh_sessions(user=cfg.get("ssh_user")), cfg.get("ssh_idle_minutes"))
+            line += " ssh-user=%s%s" % (cfg.get("ssh_user") or "*", (" -- " + problem) if problem else "")
     elif word == "DOWN":
         rc = 1
         line = "deadman.json says armed but pid %s is gone (or is another process now): nothing watches this " \
@@ -1395,7 +1559,9 @@ def cmd_status(args):
         rc, line = 1, "pid %s is not watching (state %s)" % (st["pid"], st["state"])
     out = {"run_dir": run_dir, "status": word, "watching": st["watching"], "alive": st["alive"],
            "deadman": doc, "fired": st["fired"], "ack": ack, "toolkit_version": core.toolkit_version(),
-           "ssh_sessions": len(sessions) if sessions is not None else None}
+           "ssh_sessions": len(counted) if counted is not None else None,
+           "ssh_idle_problem": sessions.idle_problem(counted, cfg.get("ssh_idle_minutes")) if cfg.get("wait_ssh")
+           else None}
     if args.json:
         core.emit_json(out)
     else:
@@ -1415,7 +1581,8 @@ def build_parser():
                                 "that found a command, or disarmed)",
                              fail="(--foreground) fired, and the stop failed, was not confirmed or refused, or no "
                                   "stop command exists",
-                             refused="a live dead-man already watches this run dir, or the stop cannot run here"))
+                             refused="a live dead-man already watches this run dir, the stop cannot run "
+                                     "here, or the notify config is refused"))
     arm.add_argument("--run-dir", required=True, help="the run dir to watch (DURABLE/runs/RUN_ID)")
     arm.add_argument("--profile", help="read METER_STOP_CMD/METER_STOP_DESTRUCTIVE from this profile "
                                        "(default: the profile in run.json)")
@@ -1423,6 +1590,8 @@ def build_parser():
     arm.add_argument("--stop-cmd-destructive", action="store_true", help="--stop-cmd deletes data")
     add_watch_options(arm)
     arm.add_argument("--job-pid", type=int, help="watch this pid when status.json has none")
+    arm.add_argument("--notify-refused-ok", action="store_true",
+                     help="arm even when the notify config is refused, with a warning (the boot sweep's re-arm)")
     arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
     arm.add_argument("--json", action="store_true", help="print the armed dead-man as JSON")
 

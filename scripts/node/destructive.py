@@ -323,3 +323,123 @@ def destructive_word(command):
 
 
 # ----------------------------------------------------------------------------- the durable copy
+# A destructive stop (a terminate) erases the instance's own disks. Only a copy on a filesystem that outlives the
+# instance, or one already pulled off the box and verified, makes it safe (finding C1).
+
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "fuse.ceph", "glusterfs", "fuse.glusterfs",
+              "lustre", "gpfs", "beegfs", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs",
+              "fuse.rclone", "fuse.mountpoint-s3", "fuse.blobfuse", "fuse.blobfuse2", "afs", "9p", "virtiofs")
+MOUNTINFO = "/proc/self/mountinfo"
+PULLED = "pulled.json"   # RUN_DIR/pulled.json: a verified pull of these results, recorded by the teardown gate
+
+
+def _unescape(field):
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mounts(text=None):
+    """[(mount point, "major:minor", fstype, source)] from /proc/self/mountinfo (or TEXT); [] when unreadable."""
+    if text is None:
+        try:
+            with open(MOUNTINFO, "r", encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            return []
+    out = []
+    for line in text.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 5 or not rest:
+            continue
+        out.append((_unescape(fields[4]), fields[2], rest[0], _unescape(rest[1]) if len(rest) > 1 else ""))
+    return out
+
+
+def mount_of(path, table):
+    """The mountinfo row whose mount point holds PATH (the last, longest match: later mounts hide earlier ones)."""
+    best = None
+    for row in table:
+        point = row[0]
+        if path == point or path.startswith(point.rstrip("/") + "/") or point == "/":
+            if best is None or len(point) >= len(best[0]):
+                best = row
+    return best
+
+
+def _named(point, pattern):
+    """True when mount POINT is the profile's persistent PATTERN (a "<name>" part matches any one folder)."""
+    parts, want = point.rstrip("/").split("/"), pattern.rstrip("/").split("/")
+    return len(parts) == len(want) and all(w == p or (w.startswith("<") and w.endswith(">") and p)
+                                           for p, w in zip(parts, want))
+
+
+def persistent_paths(profile):
+    """The storage paths a profile says survive a destroy (Lambda: /lambda/nfs/<name>); () without a profile."""
+    if not profile:
+        return ()
+    try:
+        import rgt_core
+        storage = rgt_core.load_profile(profile).get("storage") or []
+    except Exception:  # noqa: BLE001  (no index, an unknown profile: nothing is named)
+        return ()
+    return tuple(s["path"] for s in storage if isinstance(s, dict) and s.get("survives_destroy") is True
+                 and isinstance(s.get("path"), str) and s["path"].startswith("/"))
+
+
+def files_digest(manifest):
+    """One hash for what a manifest lists (path, size, sha256 of each file), whatever its timestamps."""
+    import hashlib
+    import json
+    rows = sorted([e["path"], e["size"], e["sha256"]] for e in manifest["files"])
+    return hashlib.sha256(json.dumps(rows, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def pulled_record(run_dir, manifest):
+    """The gate's record (RUN_DIR/pulled.json) when it names exactly MANIFEST's files: (True, detail) or
+    (False, why not)."""
+    import json
+    try:
+        with open(os.path.join(run_dir, PULLED), "rb") as handle:
+            doc = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False, "no verified pull recorded (%s)" % PULLED
+    if not isinstance(doc, dict) or doc.get("files_digest") != files_digest(manifest):
+        return False, "the pull recorded in %s is of other files than the durable copy now holds" % PULLED
+    return True, "a verified pull of these files is recorded (%s at %s, %s)" % (
+        PULLED, doc.get("verified_at"), str(doc.get("by") or "the teardown gate")[:60])
+
+
+def off_box_copy(results_dir, run_dir=None, manifest=None, persistent=(), table=None, root="/"):
+    """Does a copy of the results outlive a terminate of this instance? (ok, detail).
+
+    Yes when a verified pull of MANIFEST's files is recorded in RUN_DIR/pulled.json, or when RESULTS_DIR lies on a
+    filesystem other than the root disk's (st_dev) that is a network filesystem or a mount the profile names as
+    persistent (PERSISTENT, e.g. /lambda/nfs/<name>), the mountinfo row matching the file's own device."""
+    if run_dir and manifest:
+        ok, pulled = pulled_record(run_dir, manifest)
+        if ok:
+            return True, pulled
+    else:
+        pulled = "no verified pull recorded"
+    try:
+        real = os.path.realpath(results_dir)
+        dev, root_dev = os.stat(real).st_dev, os.stat(root).st_dev
+    except OSError as exc:
+        return False, "cannot stat %s: %s" % (results_dir, exc.strerror or exc)
+    row = mount_of(real, mounts() if table is None else table)
+    ident = "%d:%d" % (os.major(dev), os.minor(dev))
+    where = ("%s on %s (%s)" % (row[2], row[0], row[3] or "?")) if row else "an unknown mount"
+    if dev == root_dev:
+        return False, "%s is on the root disk of this instance (device %s, %s): a terminate erases it with the " \
+                      "instance; %s" % (results_dir, ident, where, pulled)
+    if row is None or row[1] != ident:
+        return False, "cannot tell which mount holds %s (device %s not in mountinfo); %s" % (results_dir, ident,
+                                                                                          pulled)
+    if row[2] in NETWORK_FS:
+        return True, "%s is on a network filesystem, %s: it outlives the instance" % (results_dir, where)
+    named = [p for p in persistent if _named(row[0], p)]
+    if named:
+        return True, "%s is on %s, the persistent storage the profile names (%s)" % (results_dir, where, named[0])
+    return False, "%s is on %s, a disk of this instance as far as this box can tell (not a network filesystem, " \
+                  "not the profile's persistent storage%s); %s" % (
+                      results_dir, where, (": " + ", ".join(persistent)) if persistent else "", pulled)

@@ -4,7 +4,8 @@
 A box that ran a queue or an ablation holds many run dirs. Some synced, some crashed before their
 sync, some wrote more after it, some filled the disk. Releasing the box destroys whatever is only on
 it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
-  1. a run whose supervisor or job is still alive is not touched: RUNNING (the box is not ready);
+  1. a run whose job, supervisor or launcher is still alive (or a resume is starting it) is not touched:
+     RUNNING (the box is not ready);
   2. the durable copy is checked: its PULL_MANIFEST.json parses and every file in it re-hashes;
   3. the job's current outputs (the output globs in run.json, in the job's cwd) that the run's own attempts
      wrote (files.json; for an attempt that died unrecorded, changed while it ran) are compared with it;
@@ -23,7 +24,8 @@ it. For each run dir under --runs-dir (DURABLE_DIR/runs), in order:
      logs are synced alone (sync.py --logs-only: the crash log, under a manifest of their own, so `rgt.py pull`
      and the gate take them like any results), and it no longer blocks the sweep. An ack never applies to a run
      that is RUNNING or in CONFLICT, and a run that can be saved is saved (SYNCED), ack or not.
-The sweep writes nothing but what the run's own sync writes, and never deletes anything.
+The sweep writes nothing but what the run's own sync writes, and a run that died with the box is marked failed
+through the run record (runrec.fail_if_dead, under its lock); it never deletes anything.
 
 Usage:
   final_sweep.py --runs-dir DIR [--runs-dir DIR]... [--check-only] [--ack RID]... [--jobs N] [--json]
@@ -61,8 +63,9 @@ def run_dirs(roots):
                 yield path
 
 
-def alive(status):
-    return any(core.record_alive(status.get(n + "_identity"), status.get(n + "_pid")) for n in ("supervisor", "job"))
+def alive(status, run_dir):
+    """An active run one of whose processes lives (runrec.activity: a launch still starting counts)."""
+    return status.get("state") in runrec.ACTIVE and bool(runrec.activity(status, run_dir)["any"])
 
 
 def durable_problems(results, jobs):
@@ -97,7 +100,7 @@ def saved_elsewhere(run_dirs_list):
     index = {}
     for run_dir in run_dirs_list:
         run = core.read_json(os.path.join(run_dir, "run.json"))
-        results = run.get("results_dir") or os.path.join(run_dir, "results")
+        results = runrec.results_dir(run_dir, run)
         doc = core.read_json(os.path.join(results, evidence.MANIFEST_NAME))
         for entry in doc.get("files") or []:
             if isinstance(entry, dict) and isinstance(entry.get("sha256"), str):
@@ -160,7 +163,7 @@ def check(run_dir, args, notes=None):
     """-> (run, status, results, manifest, problems that a sync could fix, conflicts no sync may touch)."""
     run = core.read_json(os.path.join(run_dir, "run.json"))
     status = core.read_json(os.path.join(run_dir, "status.json"))
-    results = run.get("results_dir") or os.path.join(run_dir, "results")
+    results = runrec.results_dir(run_dir, run)
     manifest, problems = durable_problems(results, args.jobs)
     conflicts = []
     if manifest is not None and not problems:
@@ -175,13 +178,11 @@ def sweep_one(run_dir, args):
             "results_dir": results, "state": status.get("state"), "exit_code": status.get("exit_code"),
             "file_count": None, "problems": problems,
             "left_alone": notes}
-    if conflicts and not (status.get("state") in core.ACTIVE_RUN_STATES and alive(status)):
+    if conflicts and not alive(status, run_dir):
         item.update(verdict="CONFLICT", problems=conflicts + problems)
         return item
-    if status.get("state") in core.ACTIVE_RUN_STATES and alive(status):
-        item.update(verdict="RUNNING", problems=["still %s: wait for it, or stop it, before releasing the box"
-                                                 % status.get("state")])
-        return item
+    if alive(status, run_dir):
+        return running(item, status)
     if not problems:
         item.update(verdict="OK", file_count=manifest["file_count"])
         if isinstance(status.get("sync"), dict) and status["sync"].get("logs_only"):
@@ -194,10 +195,12 @@ def sweep_one(run_dir, args):
     if not run:
         item.update(verdict="FAILED", problems=problems + ["no run.json: nothing says what to sync"])
         return item
-    died = status.get("state") in core.ACTIVE_RUN_STATES  # its supervisor died with the box mid-run
+    # an active run with nothing of it alive died with the box: the run record marks it failed, under its lock,
+    # unless a process of it came alive meanwhile (finding D1)
     why = "found dead by final_sweep.py (state was %s); outputs synced as they were" % status.get("state")
-    if died:
-        core.update_json(os.path.join(run_dir, "status.json"), state="failed", ended_at=core.utc_iso(), error=why)
+    _marked, live, _problem = runrec.fail_if_dead(run_dir, why)
+    if live:
+        return running(item, status)
     res = core.run_bounded([sys.executable, os.path.join(HERE, "sync.py"), "--run-dir", run_dir,
                             "--own-only"], args.sync_timeout)
     _run, _status, results, manifest, after, _conflicts = check(run_dir, args)
@@ -208,6 +211,12 @@ def sweep_one(run_dir, args):
         item.update(verdict="FAILED", problems=after + ["sync: " + why[0][:300]])
         if item["run_id"] in args.ack:
             acknowledge(item, run_dir, args)
+    return item
+
+
+def running(item, status):
+    item.update(verdict="RUNNING", problems=["still %s: wait for it, or stop it, before releasing the box"
+                                             % status.get("state")])
     return item
 
 

@@ -296,7 +296,7 @@ def build_parser():
     arm.add_argument("--ignore-ssh", action="store_true", help="SSH sessions never keep the box busy")
     deadman.add_watch_options(arm, skip=("stall_minutes", "grace_minutes", "wait_ssh", "term_grace_seconds",
                                          "sync_wait_seconds", "budget_usd", "rate_per_hour", "disk_floor_gb",
-                                         "disk_floor_inodes"))
+                                         "disk_floor_inodes", "ssh_user"))   # a box watcher counts every user
     arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
     arm.add_argument("--json", action="store_true", help="print the armed watcher as JSON")
     status = sub.add_parser("status", help="print the watcher's state", formatter_class=core.RawHelp,

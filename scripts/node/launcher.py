@@ -85,7 +85,7 @@ lock_owner, unlink_quiet = runrec.lock_owner, core.unlink_quiet
 # ---------------------------------------------------------------- launch steps
 
 PROFILE_KEYS = ("DATA_DIR", "DURABLE_DIR", "HF_HOME", "PROXY_HOOK", "DISK_FLOOR_GB")
-RUN_ID_RX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+RUN_ID_RX = core.RUN_ID_RE
 
 
 def normal_patterns(patterns, what):
@@ -209,23 +209,20 @@ def op_prepare(args):
     durable = settings.get("DURABLE_DIR")
     if durable:
         settings["DURABLE_DIR"] = durable = os.path.abspath(durable)
+    if args.run_id and not RUN_ID_RX.match(args.run_id):   # never swapped silently for a generated one (D4)
+        raise core.UsageError("--run-id may hold letters, digits, '.', '_' and '-' (max %d), got %r"
+                              % (core.RUN_ID_MAX, args.run_id))
     rid = args.run_id or (os.path.basename(os.path.normpath(args.run_dir)) if args.run_dir else new_run_id(args.tag))
     if not RUN_ID_RX.match(rid):
-        rid = new_run_id(args.tag)
-    if args.run_dir:
-        run_dir = os.path.abspath(args.run_dir)
-    elif durable:
-        run_dir = os.path.join(durable, "runs", rid)
-    else:
+        rid = new_run_id(args.tag)   # a run dir whose name is no run id: the run gets its own
+    if not (args.run_dir or durable):
         raise core.UsageError("no place for the run: pass --durable-dir DIR, --run-dir DIR, set DURABLE_DIR or "
                               "--profile")
-    if durable:
-        results = os.path.join(durable, "results", rid)
-    else:
-        results = run_path(run_dir, "results")
-        if args.output:
-            say("%s: no DURABLE_DIR: the outputs are copied to %s, which is only as durable as the run dir"
-                % (PROG, results))
+    where = runrec.layout(durable, rid, args.run_dir and os.path.abspath(args.run_dir))
+    run_dir, results = where["run_dir"], where["results_dir"]
+    if not durable and args.output:
+        say("%s: no DURABLE_DIR: the outputs are copied to %s, which is only as durable as the run dir"
+            % (PROG, results))
     there = run_dir   # a file where the run dir must go is bad input, not a launch failure
     while not os.path.lexists(there):
         there = os.path.dirname(there)
@@ -340,7 +337,7 @@ def op_init(args):
             "notify_events": notify_events(args.notify_events),
             "launch_argv": core.scrub_record(launch_argv)})
         write_outputs_list(run_dir, args.cwd, outputs)
-        core.atomic_write_json(run_path(run_dir, STATUS), {
+        runrec.init_attempt(run_dir, {
             "run_id": args.run_id, "state": "starting", "job_pid": None, "job_identity": None, "exit_code": None,
             "started_at": None, "ended_at": None, "updated_at": core.utc_iso(), "detach": args.detach,
             "launcher_pid": args.launcher_pid, "launcher_identity": core.process_identity(args.launcher_pid),
@@ -505,7 +502,7 @@ def launch_info(run_dir, args):
                 and core.identity_alive(doc.get("supervisor_identity")):
             time.sleep(0.05)
             doc = read_status(run_dir)
-    results = run.get("results_dir") or run_path(run_dir, "results")
+    results = run.get("results_dir") or runrec.layout(None, run.get("run_id"), run_dir)["results_dir"]
     q = shlex.quote
     tmux = doc.get("tmux_socket") if doc.get("detach") == "tmux" else None
     watch = ["python3 %s %s" % (q(os.path.join(core.NODE_DIR, "run_status.py")), q(run_dir)),

@@ -23,7 +23,11 @@ The library API (what the watchers call; none of it raises):
       BUDGET_S; a message older than max_age_h (24) or tried max_attempts (12) times is dropped and
       recorded. One flusher at a time (a lock file); a full or read-only disk ends it cleanly.
   status_line(spool_dir=None) -> str or None
-      One line for run_status: what is unsent or was dropped, to which target, since when, why.
+      One line for run_status: what is unsent or was dropped (counted), to which target, since when, why,
+      and "spool not writable" when a probe write fails. A failure the spool cannot hold (a full disk) is
+      kept in a file in /dev/shm ($RGT_NOTIFY_LOST_DIR overrides), so another process still counts it.
+  lost_count(spool_dir=None) -> int
+      Messages dropped or refused in the last 24 h (the count `notify.py status --json` gives as "dropped").
   should_repeat(event_state, now) -> bool        (pure)
   note_repeat(event_state, now) -> dict          (pure)
       For STOP NOT CONFIRMED: send again until acknowledged, every every_s (900) doubling up to
@@ -42,6 +46,7 @@ Who sends each event (every run-scoped sender passes the run's own list, run.jso
   boot_resume                   boot_resume.py: its boot sweep resumed a run or re-armed its dead-man
   lease_expired, reaped         the laptop's reaper (scripts/reap.py): a lease ran out on an unreachable box;
                                 it stopped a box (or its stop is NOT CONFIRMED) from outside
+  still_billing                 the reaper's opt-in digest (scripts/reap.py): the boxes the providers still bill
 A dry-run dead-man tells no one.
 
 Configuration: ONE JSON file on the node, mode 0600, owned by this user (refused otherwise, exit 3),
@@ -101,6 +106,7 @@ BUDGET_100 = "budget_100"
 DISK_LOW = "disk_low"
 LEASE_EXPIRED = "lease_expired"
 REAPED = "reaped"
+STILL_BILLING = "still_billing"
 TEST = "test"
 
 # event -> (severity, title)
@@ -120,6 +126,7 @@ EVENT_INFO = {
     DISK_LOW: ("warning", "Disk low"),
     LEASE_EXPIRED: ("critical", "Box unreachable and its lease ran out"),
     REAPED: ("critical", "Reaper stopped a box"),
+    STILL_BILLING: ("warning", "Still billing"),
     TEST: ("info", "Test message"),
 }
 EVENTS = tuple(e for e in EVENT_INFO if e != TEST)
@@ -437,7 +444,7 @@ def build_message(event, fields, config=None, now=None):
     head = "[rgt] %s%s on %s" % (title, (" - run %s" % run) if run else "", box)
     lines = [head]
     for key, value in clean.items():
-        if key != "run_id":
+        if key != "run_id" and value is not None:   # a field with no value is left out, never "null"
             lines.append("%s: %s" % (key, _field_value(key, value)))
     text = "\n".join(lines)
     if len(text) > MAX_TEXT:
@@ -752,6 +759,49 @@ def _record_failure(spool_dir, target, event, reason, kind="dropped"):
     except Exception:
         _MEMORY_FAILURES.append(dict(entry, spool_dir=os.path.abspath(spool_dir)))
         del _MEMORY_FAILURES[:-FAILURES_KEPT]
+        _record_lost(spool_dir, entry)
+
+
+def lost_path(spool_dir):
+    """Where a failure goes when the spool itself refuses it (finding C9): a file per spool dir in memory-backed
+    /dev/shm (else the temp dir; $RGT_NOTIFY_LOST_DIR overrides), so a full spool disk cannot hide it from
+    `notify.py status` run by another process."""
+    base = os.environ.get("RGT_NOTIFY_LOST_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
+    if not base:
+        import tempfile
+        base = tempfile.gettempdir()
+    key = hashlib.sha256(os.path.abspath(spool_dir).encode("utf-8", "replace")).hexdigest()[:16]
+    return os.path.join(base, "rgt-notify-lost-%d-%s.json" % (os.getuid() if hasattr(os, "getuid") else 0, key))
+
+
+def _record_lost(spool_dir, entry):
+    path = lost_path(spool_dir)
+    try:
+        doc = core.read_json(path)
+        entries = [e for e in doc.get("entries", []) if isinstance(e, dict)][-(FAILURES_KEPT - 1):] + [entry]
+        core.atomic_write(path, core.dumps({"schema": "rgt-notify-failures/1", "spool_dir": os.path.abspath(
+            spool_dir), "entries": entries}), mode=0o600)
+    except Exception:   # nowhere left to write: the process's memory and the caller's log line remain
+        pass
+
+
+def spool_problem(spool_dir=None):
+    """Why the spool dir cannot take a write now (a probe file), or None. Only an existing dir is probed."""
+    spool_dir = spool_dir or default_spool_dir()
+    if not os.path.isdir(spool_dir):
+        parent = os.path.dirname(os.path.abspath(spool_dir))
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            return "spool dir %s cannot be made (%s is not a directory)" % (spool_dir, parent)
+        return None
+    probe = os.path.join(spool_dir, ".probe-%d" % os.getpid())
+    try:
+        _spool_write(probe, b"probe\n")
+    except OSError as exc:
+        return "spool not writable (%s)" % (exc.strerror or errno.errorcode.get(exc.errno, exc))
+    except Exception as exc:
+        return "spool not writable (%s)" % type(exc).__name__
+    _remove(probe)
+    return None
 
 
 def _limits(config):
@@ -955,7 +1005,13 @@ def recent_failures(spool_dir=None, now=None):
     entries = [e for e in core.read_json(os.path.join(spool_dir, "failures.json")).get("entries", [])
                if isinstance(e, dict)]
     mine = os.path.abspath(spool_dir)
-    entries += [e for e in _MEMORY_FAILURES if e.get("spool_dir") == mine]
+    seen = set()
+    for entry in [e for e in _MEMORY_FAILURES if e.get("spool_dir") == mine] + [
+            e for e in core.read_json(lost_path(spool_dir)).get("entries", []) if isinstance(e, dict)]:
+        sig = (entry.get("time"), entry.get("target"), entry.get("event"))
+        if sig not in seen:   # this process's memory and the lost file hold the same failure
+            seen.add(sig)
+            entries.append(entry)
     return [e for e in entries if isinstance(e.get("time"), (int, float)) and now - e["time"] <= FAILURES_SHOWN_S]
 
 
@@ -976,6 +1032,9 @@ def status_line(spool_dir=None):
             parts.append("%d message%s to %s %r dropped (last %s: %s)" % (
                 rec["count"], "" if rec["count"] == 1 else "s", rec["type"], name,
                 core.utc_iso(rec["last"]["time"]), _short(rec["last"].get("reason") or "?", 100)))
+        problem = spool_problem(spool_dir)
+        if problem:
+            parts.append(problem)
         if not parts:
             return None
         return _short("notify: " + "; ".join(parts), 400)
@@ -1103,9 +1162,20 @@ def _flush(args):
     return core.EXIT_FAIL if result["dropped"] else core.EXIT_OK
 
 
+def lost_count(spool_dir=None):
+    """How many messages were dropped or refused (recent_failures: the last 24 h), or 0. Never raises."""
+    try:
+        return len(recent_failures(spool_dir))
+    except Exception:
+        return 0
+
+
 def _status(args):
     line = status_line(args.spool_dir)
-    _out(args, {"ok": line is None, "line": line}, line or "%s notify: nothing unsent" % core.OK)
+    dropped = lost_count(args.spool_dir)
+    _out(args, {"ok": line is None, "line": line, "dropped": dropped,
+                "unsent": sum(rec["count"] for rec in pending(args.spool_dir).values())},
+         line or "%s notify: nothing unsent" % core.OK)
     return core.EXIT_OK if line is None else core.EXIT_FAIL
 
 

@@ -60,8 +60,6 @@ STAMP_NAME = "VERSION.json"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 # The one status vocabulary. Check results use the first row; run states the second.
 OK, FAIL, REFUSED, STALE, WARN, SKIP = "OK", "FAIL", "REFUSED", "STALE", "WARN", "SKIP"
-RUN_STATES = ("starting", "running", "stalled", "syncing", "succeeded", "failed", "sync_failed",
-              "interrupted", "deadman_fired")  # runrec.STATES is the same set, with its subsets
 
 DEFAULT_MIN_FREE_INODES = 10000
 # The one disk floor a launch or a queue cell is refused below (GiB free), when neither the flag, DISK_FLOOR_GB
@@ -70,6 +68,11 @@ DEFAULT_MIN_FREE_INODES = 10000
 DEFAULT_DISK_FLOOR_GB = 10.0
 DEFAULTS = {"disk_floor_gb": DEFAULT_DISK_FLOOR_GB, "min_free_inodes": DEFAULT_MIN_FREE_INODES}
 DEFAULT_STALL_MINUTES = 30.0
+# The one run-id rule (finding D4): the launch, the laptop, the manifest and both schemas (manifest.schema.json,
+# job_request.schema.json) use this pattern; run_one.sh spells it in bash and a test holds the copies equal.
+RUN_ID_MAX = 100
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,%d}$" % (RUN_ID_MAX - 1)
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 HEARTBEAT_NAMES = ("heartbeat.json", "job.log")
 
 
@@ -122,6 +125,25 @@ def guard_output(json_mode=False):
 
 
 INTERPRETER_FILE = ".python"   # the node's real interpreter, recorded by `rgt_core.py --version --record-interpreter`
+# ... one record per box (INTERPRETER_FILE-<box key>): a home folder on NFS is shared by boxes whose
+# interpreters live in different places (finding_field_N14). The key is computed the same way by the shell
+# line rgt.py sends (rgt.node_python): `uname -n` and the first 12 of the machine id, odd characters dropped.
+BOX_KEY_SHELL = ("n=$(uname -n | tr -cd 'A-Za-z0-9._-'); m=$(cat /etc/machine-id 2>/dev/null || "
+                 "cat /var/lib/dbus/machine-id 2>/dev/null); m=$(printf %s \"$m\" | tr -cd 'A-Za-z0-9' | cut -c1-12)")
+
+
+def interpreter_record_name():
+    """This box's interpreter record beside the toolkit: .python-<node name>-<machine id, 12>, as BOX_KEY_SHELL."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "", os.uname().nodename)
+    machine = ""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                machine = handle.read()
+            break
+        except OSError:
+            continue
+    return "%s-%s-%s" % (INTERPRETER_FILE, name, re.sub(r"[^A-Za-z0-9]", "", machine)[:12])
 
 # RGT_TRACE_STARTS=FILE: every toolkit process appends "pid TAB argv..." as it starts, to count what a command
 # costs in interpreter starts (a launch: three; tests/test_fast_paths.py).
@@ -528,15 +550,6 @@ def load_json_strict(path, what="file"):
     if not isinstance(obj, dict):
         raise UsageError("%s %s is not a JSON object" % (what, path))
     return obj
-
-
-def update_json(path, **fields):
-    """Read-modify-write one JSON state file atomically, stamping updated_at."""
-    doc = read_json(path)
-    doc.update(fields)
-    doc["updated_at"] = utc_iso()
-    atomic_write_json(path, doc)
-    return doc
 
 
 # ---------------------------------------------------------------- processes
@@ -1111,13 +1124,15 @@ DEADMAN_FILE = "deadman.json"
 DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
-ACTIVE_RUN_STATES = ("starting", "running", "stalled", "syncing")  # == runrec.ACTIVE (a test holds them equal)
 
 
-def attempt_alive(status):
-    """Whether the supervisor or the job a status.json records is still that same process."""
-    return bool(record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"))
-                or record_alive(status.get("job_identity"), status.get("job_pid")))
+def attempt_alive(status, procs=HERE):
+    """Whether the job, supervisor or launcher a status.json records is still that same process: runrec.activity's
+    rule (a test holds them equal), here for the teardown gate's run_activity, which travels without runrec."""
+    started = parse_iso(status.get("started_at"))
+    return any(record_alive(status.get(role + "_identity"), status.get(role + "_pid"), started, procs)
+               for role in ("job", "supervisor", "launcher")
+               if status.get(role + "_pid") or isinstance(status.get(role + "_identity"), dict))
 
 
 def lock_held(path, exclusive=False):
@@ -1348,8 +1363,8 @@ def _main(argv=None):
                     epilog=exit_codes_epilog(fail=None, refused="the toolkit's files are not one version"))
     parser.add_argument("--version", action="store_true", help="print the toolkit version after checking it")
     parser.add_argument("--record-interpreter", action="store_true",
-                        help="with --version: write this interpreter's path to %s beside the toolkit (rgt.py "
-                             "then skips a pyenv/conda shim on every later command)" % INTERPRETER_FILE)
+                        help="with --version: write this interpreter's path to %s-<box> beside the toolkit, one "
+                             "per box (rgt.py then skips a pyenv/conda shim on every later command)" % INTERPRETER_FILE)
     parser.add_argument("--run-state", metavar="RUN_DIR",
                         help="print whether any attempt of the run in RUN_DIR may still run (JSON; the gate asks)")
     parser.add_argument("--default", choices=sorted(DEFAULTS), metavar="NAME",
@@ -1368,7 +1383,8 @@ def _main(argv=None):
     if problems:
         raise Refused("the toolkit in %s is not one version: %s" % (NODE_DIR, "; ".join(problems)))
     if args.record_interpreter:
-        atomic_write(os.path.join(NODE_DIR, INTERPRETER_FILE), sys.executable + "\n")   # a venv keeps its own path
+        # a venv keeps its own path; each box its own record (a shared home holds several)
+        atomic_write(os.path.join(NODE_DIR, interpreter_record_name()), sys.executable + "\n")
     print(toolkit_version())
     return EXIT_OK
 

@@ -41,9 +41,11 @@ container restart never reads as a live job or an armed dead-man.
 
 The dead-man is shown in every state: "deadman armed", "deadman DOWN" (it says armed but its
 process is gone), "deadman exited" (stopped by a signal), "deadman disarmed", "deadman none" (never
-armed), or the firing. A finished run (succeeded, failed, sync_failed) whose dead-man is DOWN or
-exited and never fired is UNWATCHED: nothing on the node stops the meter, so it exits 8 with a hint
-(re-arm the dead-man, or stop the box yourself once the outputs are safe), whatever the job's outcome.
+armed), or the firing ("stop pending" until its first stop attempt has run). Messages the dead-man
+could not deliver are counted: "notify: N message(s) NOT delivered". A finished run (succeeded,
+failed, sync_failed) whose dead-man is DOWN or exited and never fired is UNWATCHED: nothing on the
+node stops the meter, so it exits 8 with a hint (re-arm the dead-man, or stop the box yourself once
+the outputs are safe), whatever the job's outcome.
 
 The sync is read from status.json "sync": "outputs verified (N files, SIZE)", "outputs NOT
 verified: REASON", or, for a run launched with no outputs declared, what was synced ("no outputs
@@ -88,8 +90,7 @@ from progress import as_int, num
 EXIT = {"succeeded": 0, "failed": 1, "sync_failed": 1, "interrupted": 1, "running": 4, "syncing": 4,
         "starting": 5, "stalled": 6, "deadman_fired": 7}
 EXIT_UNWATCHED = 8
-TERMINAL = {"succeeded", "failed", "sync_failed", "interrupted", "deadman_fired"}
-STATES = ("starting", "running", "syncing", "succeeded", "failed", "sync_failed", "interrupted")
+TERMINAL = set(runrec.REPORTED_OVER)
 HINT = {
     "failed": "read job.log, fix the cause, then resume it as the next attempt: rgt.py resume HOST RID (on the "
               "node: boot_resume.py --run RUN_DIR); it continues from a checkpoint if the trainer resumes by "
@@ -299,6 +300,21 @@ def stale_daemon(run_dir, dm, current):
     return bool(dm.get("watching") and loaded and current and loaded != current)
 
 
+def stop_pending(fired):
+    """True while a firing has run no stop attempt yet (the job's stop signal and its sync come first)."""
+    if not fired or fired.get("ok") is not False or fired.get("dry_run") or fired.get("attempts"):
+        return False
+    return not any(fired.get(k) for k in ("refused", "message", "error", "fallback", "last_resort_rc"))
+
+
+def notify_lost(doc):
+    """The dead-man's count of messages dropped or refused (deadman.json notify_lost), or None."""
+    lost = doc.get("notify_lost") if isinstance(doc, dict) else None
+    if not isinstance(lost, dict) or not isinstance(lost.get("count"), int):
+        return None
+    return {"lost": lost["count"], "last": lost.get("last") if isinstance(lost.get("last"), str) else None}
+
+
 def deadman_words(dm):
     word = dm["word"]
     if word == "FIRED":
@@ -317,8 +333,8 @@ def stop_words(dm):
     retry = dm.get("stop_retry") or {}
     if dm.get("stop_ok") is None and dm.get("stop_confirmed") is None and not codes:
         return None
-    if not codes and not dm.get("stop_ok") and not dm.get("stop_message"):
-        return "stop pending (no attempt has run yet)"
+    if dm.get("stop_pending"):
+        return "stop pending (no stop attempt has run yet)"   # findings N4, N12: never FAILED before an attempt
     said = "exit code%s %s" % ("" if len(codes) == 1 else "s", ", ".join(codes)) if codes else "no attempt ran"
     if dm.get("stop_refused"):
         if dm.get("stop_ok") and codes:
@@ -379,6 +395,11 @@ def one_line(r):
         low = disk.get("free_inodes") is not None and disk["free_inodes"] < core.DEFAULT_MIN_FREE_INODES
         if pct is not None and (pct < 5 or low):
             bits.append("inodes LOW %s%% free" % pct)
+    cap = r.get("cap_stopped")
+    if cap and r["status"] != "deadman_fired":
+        others = cap.get("other_runs") or []
+        bits.append("cap reached: this run stopped, box left on for %d other run%s" % (
+            len(others), "" if len(others) == 1 else "s"))
     synced = sync_words(r)
     if synced:
         bits.append(synced)
@@ -387,6 +408,9 @@ def one_line(r):
         bits.append(shown)
     if dm.get("stale_code"):
         bits.append("deadman runs OLDER CODE (%s) than the pushed toolkit: re-arm it" % dm.get("loaded_version"))
+    lost = (r.get("notify") or {}).get("lost")
+    if lost:
+        bits.append("notify: %d message(s) NOT delivered (%s)" % (lost, (r["notify"].get("last") or "?")[:120]))
     if r.get("cost_so_far") is not None:
         bits.append("cost ~%.2f over %s" % (r["cost_so_far"], core.human_age(r["cost_hours"] * 3600)))
     bits.append("toolkit %s" % (r.get("toolkit_version") or "unstamped"))
@@ -414,7 +438,7 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     hb = core.read_json(p("heartbeat.json"))
 
     state = status.get("state")
-    if state is not None and state not in STATES:
+    if state is not None and state not in runrec.STORED:
         raise core.UsageError("status.json has an unknown state %r" % (state,))
     exit_code = read_int(p("exit_code"))
     if exit_code is None and num(status.get("exit_code")) is not None:
@@ -426,11 +450,9 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
     same_host = not host or host in (here, here.split(".")[0]) or here.startswith(str(host) + ".")
     started = core.parse_iso(status.get("started_at"))
     procs = machine.procs
-    alive = core.record_alive(status.get("job_identity"), job_pid, started, procs) if (job_pid and same_host) \
-        else None
-    sup_recorded = bool(status.get("supervisor_pid") or status.get("supervisor_identity"))
-    sup_alive = core.record_alive(status.get("supervisor_identity"), status.get("supervisor_pid"), started, procs) \
-        if (sup_recorded and same_host) else None
+    act = runrec.activity(status, procs=procs, same_host=same_host)   # the one liveness rule (finding D2)
+    alive = act["job"] if job_pid else None
+    sup_alive = act["supervisor"]
 
     where = progress.current(run_dir, run or {}, hb)
     step, total = where["step"], where["total_steps"]
@@ -469,10 +491,17 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                                          for a in (fired.get("attempts") or []) if isinstance(a, dict)],
                      "stop_refused": bool(fired.get("refused")), "stop_message": fired.get("message"),
                      "stop_retry": fired.get("stop_retry") if isinstance(fired.get("stop_retry"), dict) else None,
+                     "stop_pending": stop_pending(fired),
                      "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
                      "stale_code": stale_daemon(run_dir, dm, version)},
          "unwatched": False, "sync": None, "toolkit_version": version, "checked_at": core.utc_iso(now),
-         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now)}
+         "lease": runrec.lease_view(read_state(p(runrec.LEASE)), now), "cap_stopped": None,
+         "notify": notify_lost(core.read_json(p("deadman.json")))}
+    cap = core.read_json(p(runrec.CAP_STOPPED))   # a damaged record only loses this line
+    if cap:   # finding C2: the run's cap stopped this run only
+        others = cap.get("other_runs") if isinstance(cap.get("other_runs"), list) else []
+        r["cap_stopped"] = {"reason": cap.get("reason"), "at": cap.get("at"), "scope": cap.get("scope"),
+                            "other_runs": [str(o) for o in others]}
     newest = machine.newest_output(run) if same_host else None
     if newest:
         r["newest_output_age_s"], r["newest_output"] = round(max(0.0, now - newest[0]), 1), newest[1]

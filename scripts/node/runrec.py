@@ -41,31 +41,52 @@ NOTIFIED = "notified.json"
 # which stops a box whose lease ran out (a hung box, a killed dead-man) from outside.
 LEASE = "lease.json"
 LEASE_TTL_MIN_S = 300.0
+# The dead-man stopped this run at its cap and left the box on for other runs (finding C2): read by run_status.
+CAP_STOPPED = "CAP_STOPPED.json"
 SCHEMA_VERSION = 1
 
-ACTIVE = ("starting", "running", "stalled", "syncing")
+# The run's vocabulary, one definition imported everywhere (finding D3). STORED: what writers put in status.json
+# "state" (= status.schema.json's enum); ACTIVE and TERMINAL split it. REPORTED: run_status.py's words, which
+# add two a reader derives and nobody stores: stalled (from the heartbeat's age) and deadman_fired (from
+# DEADMAN_FIRED.json).
+ACTIVE = ("starting", "running", "syncing")
 TERMINAL = ("succeeded", "failed", "sync_failed", "interrupted")
-STATES = ACTIVE + TERMINAL + ("deadman_fired",)
-# Which state may follow which within one attempt (a new attempt starts over with init()).
+STORED = ACTIVE + TERMINAL
+STATES = STORED
+REPORTED = STORED + ("stalled", "deadman_fired")
+REPORTED_ACTIVE = ACTIVE + ("stalled",)       # reported words of a run still going (it may still bill)
+REPORTED_OVER = TERMINAL + ("deadman_fired",)  # reported words of a run that is over
+# Which state may follow which within one attempt (a new attempt starts over with init_attempt()).
 ALLOWED = {
-    None: set(STATES),
-    "starting": {"starting", "running", "syncing", "failed", "succeeded", "sync_failed", "interrupted"},
-    "running": {"running", "stalled", "syncing", "failed", "succeeded", "sync_failed", "interrupted"},
-    "stalled": {"running", "stalled", "syncing", "failed", "succeeded", "sync_failed", "interrupted"},
-    "syncing": {"syncing", "succeeded", "failed", "sync_failed", "interrupted"},
+    None: set(STORED),
+    "starting": set(STORED),
+    "running": set(STORED) - {"starting"},
+    "syncing": {"syncing"} | set(TERMINAL),
 }
-for _t in TERMINAL + ("deadman_fired",):
-    ALLOWED[_t] = set(TERMINAL) | {"deadman_fired"}   # a sweep may re-sync a finished run, never revive it
+for _t in TERMINAL:
+    ALLOWED[_t] = set(TERMINAL)   # a sweep may re-sync a finished run, never revive it
 
 
 def path(run_dir, name=STATUS):
     return os.path.join(run_dir, name)
 
 
-def layout(durable_dir, run_id):
-    """{"runs_dir", "run_dir", "results_dir"}: where a run lives under a durable dir."""
-    return {"runs_dir": os.path.join(durable_dir, "runs"), "run_dir": os.path.join(durable_dir, "runs", run_id),
-            "results_dir": os.path.join(durable_dir, "results", run_id)}
+def layout(durable_dir, run_id, run_dir=None):
+    """{"runs_dir", "run_dir", "results_dir"}: where a run lives, derived here only (finding D4). Under a durable
+    dir: DURABLE/runs/RID and DURABLE/results/RID (an explicit RUN_DIR wins for the run dir). Without one, the
+    results go to RUN_DIR/results, only as durable as the run dir."""
+    if durable_dir:
+        runs = os.path.join(durable_dir, "runs")
+        return {"runs_dir": runs, "run_dir": run_dir or os.path.join(runs, run_id),
+                "results_dir": os.path.join(durable_dir, "results", run_id)}
+    return {"runs_dir": os.path.dirname(run_dir), "run_dir": run_dir, "results_dir": os.path.join(run_dir, "results")}
+
+
+def results_dir(run_dir, run=None):
+    """Where RUN_DIR's results are: run.json results_dir (what the launch derived), else the layout's fallback."""
+    run = run if isinstance(run, dict) else core.read_json(path(run_dir, RUN))
+    found = run.get("results_dir")
+    return found if isinstance(found, str) and found else layout(None, run.get("run_id"), run_dir)["results_dir"]
 
 
 # ---------------------------------------------------------------- reading
@@ -98,22 +119,52 @@ def status(run_dir):
 
 # ---------------------------------------------------------------- liveness
 
-def liveness(doc, fallback_pid=None, fallback_identity=None):
-    """(job_pid, job_alive, helper_alive) for a status doc: pid + start time + boot id, reuse caught."""
+ROLES = ("job", "supervisor", "launcher")   # the processes a status.json records, each with pid + identity
+
+
+def activity(doc, run_dir=None, procs=None, same_host=True):
+    """Is the run alive? The one rule every reader uses (finding D2): {"job", "supervisor", "launcher",
+    "resuming", "any", "why"}.
+
+    Each role is True when the process status.json records for it is still that same process (pid + start time +
+    boot id; a record without an identity: the pid, not started after the attempt's started_at), False when it
+    is gone, None when nothing is recorded for it or it cannot be checked here (SAME_HOST false: another
+    machine's record). resuming: boot_resume.py holds RUN_DIR/resume.lock (starting the next attempt). any: one
+    of them is alive (None when nothing could be checked on this machine). PROCS: the process table to read
+    (rgt_core.HERE; run_status passes a snapshot's)."""
+    procs = core.HERE if procs is None else procs
     started = core.parse_iso(doc.get("started_at"))
+    out = {}
+    for role in ROLES:
+        pid, ident = doc.get(role + "_pid"), doc.get(role + "_identity")
+        if not (pid or isinstance(ident, dict)) or not same_host:
+            out[role] = None
+        else:
+            out[role] = bool(core.record_alive(ident, pid, started, procs))
+    out["resuming"] = bool(run_dir) and same_host and core.resume_in_progress(run_dir)
+    live = [role for role in ROLES + ("resuming",) if out[role]]
+    out["any"] = bool(live) if same_host else None
+    out["why"] = ("%s alive" % " and ".join(live)) if live else None
+    return out
+
+
+def liveness(doc, fallback_pid=None, fallback_identity=None):
+    """(job_pid, job_alive, helper_alive) for a status doc (activity(); the dead-man's own --job-pid when the
+    doc records no job): helper is the supervisor or the launcher."""
+    act = activity(doc)
     if doc.get("job_pid"):
-        job_pid, ident = doc.get("job_pid"), doc.get("job_identity")
+        job_pid, job_alive = doc.get("job_pid"), bool(act["job"])
     else:
-        job_pid, ident = fallback_pid, fallback_identity
-    job_alive = bool(job_pid) and core.record_alive(ident, job_pid, started)
-    helper_alive = any(core.record_alive(doc.get(k + "_identity"), doc.get(k + "_pid"), started)
-                       for k in ("supervisor", "launcher") if doc.get(k + "_pid"))
-    return job_pid, job_alive, helper_alive
+        job_pid = fallback_pid
+        job_alive = bool(job_pid) and bool(core.record_alive(fallback_identity, job_pid,
+                                                             core.parse_iso(doc.get("started_at"))))
+    return job_pid, job_alive, bool(act["supervisor"] or act["launcher"])
 
 
-def is_active(doc):
-    """Active state and its supervisor or job still that same process."""
-    return doc.get("state") in ACTIVE and core.attempt_alive(doc)
+def is_active(doc, run_dir=None):
+    """Active state and one of its processes (job, supervisor, launcher) still that same process, or a resume
+    starting it (activity())."""
+    return doc.get("state") in ACTIVE and bool(activity(doc, run_dir)["any"])
 
 
 def lock_owner(run_dir):
@@ -209,6 +260,36 @@ def set_status(run_dir, **fields):
         return "cannot record status.json: %s: %s" % (type(exc).__name__, core.printable(str(exc)))
 
 
+def init_attempt(run_dir, doc):
+    """The first status.json of an attempt (launcher.py init, which holds the lock): written whatever the
+    previous attempt's state, since a new attempt starts the transitions over. Raises OSError: a launch must
+    not start without its record."""
+    doc["updated_at"] = core.utc_iso()
+    doc.setdefault("schema_version", SCHEMA_VERSION)
+    core.atomic_write_json(path(run_dir), doc)
+
+
+def fail_if_dead(run_dir, why):
+    """Mark an active run whose every process is gone as failed (final_sweep.py: it died with the box), under the
+    lock, so a launch or supervisor that is claiming it meanwhile is never marked. -> (marked, alive, problem):
+    ALIVE is activity()'s why when one of its processes lives; PROBLEM the text of a write that failed."""
+    try:
+        with status_lock(run_dir):
+            doc = status(run_dir)
+            if doc.get("state") not in ACTIVE:
+                return False, None, None
+            act = activity(doc, run_dir)
+            if act["any"]:
+                return False, act["why"], None
+            doc.update(state="failed", ended_at=core.utc_iso(), error=why)
+            problem = save_status(run_dir, doc)
+            return problem is None, None, problem
+    except OSError as exc:
+        return False, None, "cannot lock status.json: %s" % (exc.strerror or exc)
+    except core.UsageError as exc:
+        return False, None, str(exc)
+
+
 def make_reserve(run_dir):
     return core.make_reserve(path(run_dir, RESERVE))
 
@@ -273,7 +354,7 @@ def neighbour(run_dir, stall_minutes):
     watched: its own dead-man is armed and alive; progressing: its heartbeat/log moved within
     STALL_MINUTES (a hung, unwatched neighbour must not hold the box on forever)."""
     doc, problem = read_status(run_dir)
-    active = problem is None and is_active(doc or {})
+    active = problem is None and is_active(doc or {}, run_dir)
     info = {"name": os.path.basename(run_dir), "run_dir": run_dir, "active": active, "watched": False,
             "progressing": False}
     if not active:

@@ -13,8 +13,15 @@ The listener ("sshd: /usr/sbin/sshd -D [listener] ...") and the bracketed privil
 pre-auth helpers ("[priv]", "[net]", "[preauth]") are not sessions. utmp (`who`) is not used:
 containers often keep none, and non-interactive sessions never appear there. Traffic is read from
 /proc/PID/io (root can read it, the usual case on a rented box) and terminal times.
+
+Whose sessions count (finding N13): a watcher passes its --ssh-user (default: the user who armed it;
+"*" = everyone), so another user's login on a shared box does not hold this run's stop off. A session
+with neither readable counters nor a terminal has no measurable idle time: idle_problem() says so, the
+dead-man says it at arm time and in its status, and such a session counts until the wait cap. For a box
+with several sshd servers (and the tests), $RGT_SSHD_PID limits the sessions to those under that listener.
 """
 import os
+import pwd
 import re
 
 import rgt_core as core
@@ -51,13 +58,45 @@ def _tty_times(tty):
     return (st.st_atime, st.st_mtime)
 
 
-def ssh_sessions(proc="/proc"):
-    """Authenticated OpenSSH sessions on this host, or None without /proc.
+def arming_user():
+    """The name of the user this process runs as (the default --ssh-user)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (KeyError, OSError):
+        return str(os.geteuid())
 
-    Each: {"key": pid + start time, "label": "user@tty" (or user@tunnel), "activity": what changes
+
+def _parent(proc, pid):
+    try:
+        with open(os.path.join(proc, str(pid), "stat")) as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _under(proc, pid, ancestor):
+    """True when ANCESTOR is PID or one of its parents (a few levels: sshd's session processes are shallow)."""
+    for _ in range(8):
+        if pid is None or pid <= 1:
+            return False
+        if pid == ancestor:
+            return True
+        pid = _parent(proc, pid)
+    return False
+
+
+def ssh_sessions(proc="/proc", user=None):
+    """Authenticated OpenSSH sessions on this host (of USER only, unless USER is None or "*"), or None
+    without /proc.
+
+    Each: {"key": pid + start time, "label": "user@tty" (or user@tunnel), "user", "activity": what changes
     when data flows (traffic counters, terminal times), or None where nothing can be read}."""
     if not os.path.isdir(os.path.join(proc, "self")):
         return None
+    try:
+        listener = int(os.environ.get("RGT_SSHD_PID") or 0)
+    except ValueError:
+        listener = 0
     found = []
     for name in os.listdir(proc):
         if not name.isdigit():
@@ -70,12 +109,31 @@ def ssh_sessions(proc="/proc"):
         parsed = parse_title(raw.replace(b"\0", b" ").decode("utf-8", "replace"))
         if not parsed:
             continue
-        user, channel = parsed
+        who, channel = parsed
+        if user not in (None, "*") and who != user:
+            continue
+        if listener and not _under(proc, int(name), listener):
+            continue
         io, tty = _io_counters(name), _tty_times(channel)
         ident = core.process_identity(int(name))
-        found.append({"key": "%s:%s" % (name, ident.get("start_ticks")), "label": "%s@%s" % (user, channel),
-                      "activity": None if io is None and tty is None else (io, tty)})
+        found.append({"key": "%s:%s" % (name, ident.get("start_ticks")), "label": "%s@%s" % (who, channel),
+                      "user": who, "activity": None if io is None and tty is None else (io, tty)})
     return sorted(found, key=lambda s: s["label"])
+
+
+def idle_problem(found, idle_minutes):
+    """Why --ssh-idle-minutes cannot work for FOUND (the sessions that count), or None."""
+    if not idle_minutes or found is None:
+        return None
+    blind = [s["label"] for s in found if s.get("activity") is None]
+    if blind:
+        return ("SSH idle time UNMEASURABLE for %d session(s) (%s): sshd's /proc/PID/io is unreadable (not root) "
+                "and they have no terminal; they count until --ssh-wait-max-minutes"
+                % (len(blind), ", ".join(blind[:5])))
+    if hasattr(os, "geteuid") and os.geteuid() != 0:
+        return ("SSH idle time may be UNMEASURABLE: not root, so sshd's /proc/PID/io is unreadable; a session "
+                "without a terminal (ssh -N, a command) counts until --ssh-wait-max-minutes")
+    return None
 
 
 class SshRule(object):

@@ -291,12 +291,14 @@ def provider_stop(plan, profile, warnings, cap_seconds=None):
 
 # ----------------------------------------------------------------------------- the destructive gate
 
-def verify_durable(run_dir):
+def verify_durable(run_dir, profile=None):
     """Re-check the run's durable copy now, with the one evidence parser: (ok, detail).
 
     status.json "sync" must say ok and verified and name results_dir and its manifest; the manifest
     must parse (evidence.read_manifest), belong to this run, list a result besides the logs, and
-    match every file in results_dir, re-hashed (evidence.verify_tree)."""
+    match every file in results_dir, re-hashed (evidence.verify_tree); and the copy must outlive the
+    instance (destructive.off_box_copy: off the root disk on a network or the PROFILE's persistent
+    mount, or a verified pull recorded), finding C1."""
     import evidence
     status = core.read_json(os.path.join(run_dir, "status.json"))
     sync = status.get("sync")
@@ -324,8 +326,11 @@ def verify_durable(run_dir):
     if problems:
         return False, "%d problem(s) at %s, first: %s %s: %s" % (
             len(problems), results, problems[0]["code"], problems[0]["path"], problems[0]["detail"])
-    return True, "%d file(s), %d bytes re-verified (sha256) at %s against %s" % (
-        manifest["file_count"], manifest["total_bytes"], results, manifest_path)
+    off_box, where = destructive.off_box_copy(results, run_dir, manifest, destructive.persistent_paths(profile))
+    if not off_box:
+        return False, "the durable copy re-verified but would not outlive the instance: %s" % where
+    return True, "%d file(s), %d bytes re-verified (sha256) at %s against %s; %s" % (
+        manifest["file_count"], manifest["total_bytes"], results, manifest_path, where)
 
 
 # ----------------------------------------------------------------------------- running it
@@ -405,7 +410,7 @@ class Engine(object):
             if not cfg.get("allow_destructive"):
                 gate_ok, why = False, "--allow-destructive was not given"
             else:
-                gate_ok, why = verify_durable(self.run_dir) if self.run_dir else (False, "no run dir to verify")
+                gate_ok, why = verify_durable(self.run_dir, plan.get("profile")) if self.run_dir else (False, "no run dir to verify")
             rec["destructive_gate"] = {"passed": gate_ok, "detail": why}
             if not gate_ok:
                 rec["refused"] = "%s (%s)" % (REFUSED_MSG, why)

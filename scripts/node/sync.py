@@ -232,7 +232,7 @@ class Sync(object):
         self.env_record = env_record   # the supervisor's run_env thread, when it is the one syncing
         self.left_out = []
         self.meta = core.read_json(run_path(run_dir, RUN))
-        self.results = self.meta.get("results_dir") or run_path(run_dir, "results")
+        self.results = runrec.results_dir(run_dir, self.meta)
         self.note = note or (lambda text: None)
         self.errors, self.kept, self.copied, self.folders = [], [], {}, set()
         self.old_manifest_dropped = False
