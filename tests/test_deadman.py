@@ -124,7 +124,10 @@ def deadman(*args, env=None, timeout=30):
 
 
 def arm_fg(run, *args, env=None, timeout=30):
-    return deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--foreground", *args, env=env, timeout=timeout)
+    # --stop-retry-minutes 0: these tests read the first stop sequence's exit; tests/test_stop_engine.py holds the
+    # retries (a real dead-man never gives up)
+    return deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--foreground", "--stop-retry-minutes", "0",
+                   *args, env=env, timeout=timeout)
 
 
 def evaluations(run):

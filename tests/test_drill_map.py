@@ -42,6 +42,9 @@ DRILLS = {
     "provider 200 that never stops is NOT CONFIRMED": "a provider stand-in that says 200 and never stops: NOT CONFIRMED",
     "wave-3 review findings stay fixed": "every finding of the 2026-12-03 node and laptop red teams and design review "
                                          "stays fixed",
+    "provider faults: CONFIRMED only when stopped": "provider_fault_matrix: a provider API that rate-limits, hangs, "
+                                                    "lags, flaps, lies or answers for another instance: CONFIRMED "
+                                                    "only when it really stopped, else NOT CONFIRMED, told, retried",
     # wave 4: the reaper, a backstop off the box
     "reaper stops a hung box": "a hung box (every process stopped) is stopped from outside by the reaper",
     "reaper stops at the budget when the dead-man is dead": "the dead-man killed with a budget: reaped at the deadline",

@@ -40,8 +40,8 @@ def calls_of(path):
 
 def arm_fg(run, *args, env=None, timeout=60):
     return subprocess.run([sys.executable, DEADMAN, "arm", "--run-dir", str(run), "--poll-seconds", POLL,
-                           "--foreground", *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                           "--foreground", "--stop-retry-minutes", "0", *map(str, args)], capture_output=True,
+                          text=True, env=env, timeout=timeout)   # retries: tests/test_stop_engine.py
 
 
 # ----------------------------------------------------------------------------- the stop engine: drills
@@ -169,7 +169,8 @@ def test_a_tick_that_raises_never_ends_the_watch_and_a_lasting_error_fires(tmp_p
 
 def idle_arm(watch, *args, env=None):
     return subprocess.run([sys.executable, IDLE, "arm", "--watch-dir", str(watch), "--no-gpu", "--ignore-ssh",
-                           "--idle-minutes", "0.001", "--poll-seconds", POLL, "--foreground", *map(str, args)],
+                           "--idle-minutes", "0.001", "--poll-seconds", POLL, "--foreground",
+                           "--stop-retry-minutes", "0", *map(str, args)],   # the first sequence's exit
                           capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -444,7 +445,8 @@ def test_finding_review_B3_the_re_arm_keeps_every_setting(tmp_path):
                "--lease-ttl-seconds", "400",
                "--repeat-minutes", "5", "--registry", str(tmp_path / "reg"), "--budget-usd", "20",
                "--rate-per-hour", "2.5", "--disk-floor-gb", "3.5", "--disk-floor-inodes", "500",
-               "--ssh-user", "trainer", "--lease-ttl-seconds", "600",
+               "--ssh-user", "trainer", "--lease-ttl-seconds", "600", "--still-up-seconds", "30",
+               "--stop-retry-minutes", "7",
                "--stop-cmd", stop]
     first = cfg_for(run, *options)
     again = cfg_for(run, *deadman.cfg_to_argv(first))
@@ -489,9 +491,10 @@ def test_verified_stop_the_dead_man_stops_through_the_provider_and_reads_it_back
     from provider_standins import Instance, StandIn
     run = finished_run(tmp_path)
     with StandIn("runpod", "k-test-canary", [Instance("pod1", mode=mode)]) as api:
-        env = dict(os.environ, RUNPOD_POD_ID="pod1", RUNPOD_API_KEY="k-test-canary", RGT_RUNPOD_API_URL=api.url)
+        env = dict(os.environ, RUNPOD_POD_ID="pod1", RUNPOD_API_KEY="k-test-canary", RGT_RUNPOD_API_URL=api.url,
+                   RGT_PROVIDER_CONFIRM_READS="2", RGT_PROVIDER_CONFIRM_SPAN_S="0.1")   # C5's reads, shrunk
         res = arm_fg(run, "--grace-minutes", "0", "--profile", "runpod", "--confirm-seconds", "1",
-                     "--retries", "2", "--retry-backoff", "0", env=env, timeout=120)
+                     "--retries", "2", "--retry-backoff", "0", "--still-up-seconds", "0", env=env, timeout=120)
         stops = [c for c in api.calls("POST") if "podStop" in json.dumps(c)]
     assert res.returncode == rc, res.stderr
     fired = json.loads((run / "DEADMAN_FIRED.json").read_text())

@@ -12,7 +12,31 @@ them. State advances by request count, never by wall time: after a stop, an inst
   429          the first `rate_limited` requests answer 429 with Retry-After, then it behaves as normal
 
 Accounts: the stand-in accepts only `Authorization: Bearer <key>`; any other key gets 401.
+
+The fault simulator (issue 36): Instance(faults={"action": [...], "state": [...]}) scripts each call about the
+instance, one entry per call, the last entry repeating ("action" is the stop or terminate request, "state" a
+read). Entries:
+
+  honest     the call as a well-behaved provider answers it (the default)
+  ignore     an action answered 200 that does nothing (200-but-still-running)
+  running / stopped   a read that says so whatever the truth (stopped: a lie; alternate them to flap)
+  429        429 with Retry-After (StandIn retry_after, "0.1" by default)
+  500        HTTP 500
+  hang       no answer until the stand-in closes (at most 60 s)
+  slow       the honest answer after StandIn slow_s seconds (longer than the client's timeout)
+  malformed  200 with a body that is not JSON
+  null       200 with a null object (runpod pod: null, vast instances: null, lambda data: null, paperspace null)
+  404        HTTP 404 for this call only (eventual consistency: the next entry finds it again)
+  foreign    a read answered about another instance id, which reads stopped
+  401        the key refused for this call (401 mid-run)
+  reset      the connection dropped without an answer (what a client sees as refused/reset)
+  echo_key   HTTP 400 whose error text echoes the caller's Authorization header (the key)
+
+Instance.really_stopped() is the truth a test holds a CONFIRMED record to.
 """
+import copy
+import socket
+import struct
 import json
 import re
 import threading
@@ -29,6 +53,17 @@ class Instance(object):
         self.id, self.name, self.state, self.mode, self.lag = str(ident), name or "box-%s" % ident, state, mode, lag
         self.rate, self.rate_limited, self.ip, self.ssh_port = rate, rate_limited, ip, ssh_port
         self.pending, self.countdown, self.deleted = None, 0, False
+        self.faults, self.calls = {}, {}
+
+    def fault(self, kind):
+        """The scripted behaviour of this KIND of call ("action" or "state"), advancing its script."""
+        script = self.faults.get(kind) or ["honest"]
+        index = self.calls.get(kind, 0)
+        self.calls[kind] = index + 1
+        return script[min(index, len(script) - 1)]
+
+    def really_stopped(self):
+        return self.deleted or self.state in ("stopped", "gone")
 
     def act(self, action):
         """stop or terminate was asked: what a well-behaved provider starts doing."""
@@ -62,8 +97,9 @@ class Volume(object):
 class StandIn(object):
     """One provider's API on 127.0.0.1:<free port>. Use as a context manager; .url is its API base."""
 
-    def __init__(self, provider, key, instances=(), volumes=()):
+    def __init__(self, provider, key, instances=(), volumes=(), retry_after="0.1", slow_s=1.0):
         self.provider, self.key = provider, key
+        self.retry_after, self.slow_s = retry_after, slow_s
         self.instances = {i.id: i for i in instances}
         self.volumes = list(volumes)
         self.log = []
@@ -153,11 +189,73 @@ class StandIn(object):
             inst.rate_limited -= 1
             return self.reply(req, 429, {"detail": "API requests too frequent"}, {"Retry-After": "0"})
         if callable(doc):
+            if inst is not None:
+                kind = "state" if doc.__name__ == "read" else "action"
+                with self.lock:
+                    behaviour = inst.fault(kind)
+                if behaviour != "honest":
+                    return self.misbehave(req, behaviour, kind, inst, doc)
             status, doc = doc()
         return self.reply(req, status, doc)
 
-    def reply(self, req, status, doc, headers=None):
-        raw = json.dumps(doc).encode("utf-8")
+    # ------------------------------------------------------------ the fault simulator
+    def misbehave(self, req, behaviour, kind, inst, honest):
+        if behaviour == "hang":
+            self.closing.wait(HANG_MAX_S)
+            return None
+        if behaviour == "slow":
+            self.closing.wait(self.slow_s)
+            return self.reply(req, *honest())
+        if behaviour == "reset":
+            req.close_connection = True
+            try:   # RST, not FIN: the client sees the connection refused or reset
+                req.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                req.connection.close()
+            except OSError:
+                pass
+            return None
+        if behaviour == "ignore":
+            if kind == "state":
+                return self.reply(req, *honest())
+            saved, inst.mode = inst.mode, "never_stops"
+            try:
+                return self.reply(req, *honest())
+            finally:
+                inst.mode = saved
+        fixed = {"429": (429, {"error": "rate limited"}, {"Retry-After": str(self.retry_after)}),
+                 "500": (500, {"error": "internal server error"}, None),
+                 "404": (404, {"error": "not_found", "message": "Not found"}, None),
+                 "401": (401, {"success": False, "error": "auth_error", "msg": "Invalid user key"}, None),
+                 "echo_key": (400, {"error": "invalid api key: %s" % req.headers.get("Authorization"),
+                                    "message": "invalid api key: %s" % req.headers.get("Authorization")}, None)}
+        if behaviour in fixed:
+            return self.reply(req, *fixed[behaviour])
+        if behaviour == "malformed":
+            return self.reply(req, 200, None, raw=b"<html><body>502 bad gateway</body></html>")
+        if behaviour == "null":
+            return self.reply(req, 200, {"runpod": {"data": {"pod": None}}, "vastai": {"instances": None},
+                                         "lambda": {"data": None}, "paperspace": None}[self.provider])
+        if behaviour in ("running", "stopped", "foreign"):
+            fake = copy.copy(inst)
+            fake.pending, fake.mode = None, "normal"
+            fake.state = "running" if behaviour == "running" else ("gone" if self.provider == "lambda" else "stopped")
+            if behaviour == "foreign":
+                fake.id = "9999" if self.provider == "vastai" else "other-instance-9999"
+            return self.reply(req, 200, self.render(fake))
+        raise ValueError("unknown stand-in behaviour %r" % behaviour)
+
+    def render(self, inst):
+        """One honest state answer about INST, as this provider shapes it."""
+        if self.provider == "runpod":
+            return {"data": {"pod": self.runpod_pod(inst)}}
+        if self.provider == "vastai":
+            return {"instances": self.vast_instance(inst)}
+        if self.provider == "lambda":
+            return {"data": self.lambda_instance(inst)}
+        return self.paperspace_machine(inst)
+
+    def reply(self, req, status, doc, headers=None, raw=None):
+        raw = json.dumps(doc).encode("utf-8") if raw is None else raw
         try:
             req.send_response(status)
             req.send_header("Content-Type", "application/json")

@@ -50,6 +50,13 @@ and a notification) when the stop is not confirmed or fails. The stop command is
 program found, $VAR resolvable from the environment or PID 1's); a script without a "#!" line runs
 through /bin/sh. The record's "confirmed" is true, false or null (a custom stop that cannot be
 confirmed); run_status prints STOP NOT CONFIRMED while it is false.
+A provider stop that read CONFIRMED is revoked when this box is still up --still-up-seconds later; a
+fallback's exit code never confirms a provider stop (its state is read back). The dead-man never gives up
+(finding C7): after a stop that failed or was NOT CONFIRMED it stays, state "retrying", and runs the whole
+stop again every --stop-retry-minutes (the gap doubling to at most 15 min) until one is confirmed or
+`deadman.py ack` acknowledges it, telling stop_not_confirmed on its own backoff; DEADMAN_FIRED.json
+"stop_retry" says how many tries and since when. Every error text, record and log line passes
+rgt_core.redact (no key reaches the run dir: finding C8).
 
 Destructive stops (METER_STOP_DESTRUCTIVE true, --stop-cmd-destructive, or inferred from any word
 of the command at any depth of wrapping: destructive.py) run only with --allow-destructive AND a
@@ -81,7 +88,8 @@ Usage:
                  [--profile NAME | --stop-cmd "ARGV" [--stop-cmd-destructive]]
                  [--allow-destructive] [--fallback-stop-cmd "ARGV"] [--pre-stop-cmd "ARGV"]
                  [--pre-stop-timeout 300] [--retries 3] [--retry-backoff 10] [--stop-timeout 120]
-                 [--confirm-seconds S] [--term-grace-seconds 30] [--sync-wait-seconds 300]
+                 [--confirm-seconds S] [--still-up-seconds 180] [--stop-retry-minutes 5]
+                 [--term-grace-seconds 30] [--sync-wait-seconds 300]
                  [--job-pid PID] [--poll-seconds 30] [--lease-ttl-seconds S] [--repeat-minutes 15]
                  [--registry DIR] [--dry-run]
                  [--budget-usd USD --rate-per-hour X] [--disk-floor-gb 10] [--disk-floor-inodes 10000]
@@ -139,6 +147,7 @@ WATCH_RESERVE = ".rgt-watch-reserve"
 SUSPEND_THRESHOLD = 60.0
 BUDGET_WARN_SHARE = 0.8           # budget_80: this share of the hours the budget buys has passed
 DISK_RECOVER = 1.1                # a low disk counts as recovered only this far above its floor (hysteresis)
+RETRY_CAP_SECONDS = 900.0         # the stop retries' backoff stops doubling here (unless --stop-retry-minutes is longer)
 WIND_DOWN_SECONDS = 95.0          # the supervisor's own bound on leftover group members (60 + 30 + 5 s)
 DISK_CHECK_SECONDS = 2.0          # a filesystem that does not answer statvfs in this long is skipped this poll
 # What this process runs: a push that replaces the folder later does not change it (status flags it).
@@ -242,7 +251,7 @@ class Watcher(object):
         return os.path.join(self.run_dir, name)
 
     def log(self, msg):
-        line = "%s %s[%d] %s\n" % (stamp(), self.NAME, os.getpid(), msg)
+        line = "%s %s[%d] %s\n" % (stamp(), self.NAME, os.getpid(), core.redact(msg))
         try:
             with open(self.p(self.LOG_FILE), "a", encoding="utf-8") as fh:
                 fh.write(line)
@@ -263,7 +272,7 @@ class Watcher(object):
 
     def save(self, name, doc):
         """Best effort: on a full or read-only disk give up the reserve once, never raise."""
-        error = core.write_json_best_effort(self.p(name), doc, reserve=self.p(WATCH_RESERVE))
+        error = core.write_json_best_effort(self.p(name), core.redact_doc(doc), reserve=self.p(WATCH_RESERVE))
         if error:
             self.record_errors += 1
             self.note("record not written (%s); watching and stopping go on" % error)
@@ -545,9 +554,76 @@ class Watcher(object):
             rc = last_resort_stop(cfg, self.log)
             self.fired["last_resort_rc"] = rc
             self.save_fired()
-        if rc != 0 and send is not None:
+        if rc != 0 and not cfg.get("dry_run") and cfg.get("stop_retry_minutes"):
+            rc = self.retry_until_confirmed(send)
+        elif rc != 0 and send is not None:
             self.keep_telling(send)
         return self.finish(0 if rc == 0 else 1)
+
+    def retry_until_confirmed(self, send):
+        """After a stop that failed or was NOT CONFIRMED: run the whole stop again on a capped backoff until one
+        is confirmed (0) or an ACK arrives (1), telling stop_not_confirmed on notify's own backoff (C7)."""
+        import notify
+        first = self.cfg["stop_retry_minutes"] * 60.0
+        gap, cap = first, max(first, RETRY_CAP_SECONDS)
+        retry = {"tries": 0, "since": stamp(), "state": "waiting"}
+        self.fired["stop_retry"] = retry
+        told = {"count": 1, "last_sent": time.time(), "every_s": (self.cfg.get("repeat_minutes") or 15.0) * 60}
+        start_ack = core.read_json(self.p("ACK")).get("at")
+        self.state = "retrying"
+        self.write_state()
+        quiet = None if send is None else (lambda event, fields: None if event == "stop_not_confirmed"
+                                            else send(event, fields))
+        while True:
+            retry.update(state="waiting", next_at=stamp(time.time() + gap))
+            self.save_fired()
+            wake = time.monotonic() + gap
+            renewed = time.monotonic()
+            while time.monotonic() < wake:
+                if time.monotonic() - renewed >= self.cfg["poll_seconds"]:
+                    self.renew_lease()            # still watching: a reaper off the box reads this lease
+                    renewed = time.monotonic()
+                ack = core.read_json(self.p("ACK"))
+                if self.stop_requested or (ack.get("at") and ack.get("at") != start_ack):
+                    retry.update(state="acknowledged" if not self.stop_requested else "stopped by signal",
+                                 ended_at=stamp())
+                    self.log("stop retries end: %s after %d retr%s (the meter may still be running)" % (
+                        retry["state"], retry["tries"], "y" if retry["tries"] == 1 else "ies"))
+                    self.save_fired()
+                    return 1
+                if send is not None and notify.should_repeat(told, time.time()):
+                    send("stop_not_confirmed", {"why": "still NOT CONFIRMED after %d retr%s: %s" % (
+                        retry["tries"], "y" if retry["tries"] == 1 else "ies", self.fired.get("message")),
+                        "repeat": told["count"] + 1})
+                    told = notify.note_repeat(told, time.time())
+                    self.fired["repeats"] = told["count"] - 1
+                    self.save_fired()
+                self.check_now = False
+                time.sleep(max(0.01, min(0.5, self.cfg["poll_seconds"], wake - time.monotonic())))
+            retry["tries"] += 1
+            retry.update(state="running", last_at=stamp())
+            self.log("stop retry %d (since %s): running the whole stop again" % (retry["tries"], retry["since"]))
+            self.renew_lease()
+            again = {"attempts": [], "escalations": [], "ok": False, "confirmed": None, "try": retry["tries"]}
+            self.fired["last_retry"] = again
+            plan = dict(self.cfg, pre_stop_cmd=None)
+            try:
+                rc = stop_engine.Engine(plan, plan, again, self.save_fired, self.log, run_dir=self.run_dir,
+                                        notify=quiet).run()
+            except Exception:  # noqa: BLE001  a broken round is one more failed try, never the end of the watch
+                self.log("stop retry error: %s" % traceback.format_exc().strip().splitlines()[-1])
+                rc = 1
+            retry["last_rc"] = rc
+            if rc == 0 and again.get("confirmed") is not False:
+                retry.update(state="confirmed" if again.get("confirmed") else "ok", ended_at=stamp())
+                self.fired.update(ok=True, confirmed=again.get("confirmed"),
+                                  message="%s (retry %d)" % (again.get("message"), retry["tries"]))
+                self.log("stop retry %d: %s" % (retry["tries"], self.fired["message"]))
+                self.save_fired()
+                return 0
+            self.fired["message"] = "%s; retried %d time(s) since %s, still not confirmed" % (
+                again.get("message"), retry["tries"], retry["since"])
+            gap = min(cap, gap * 2)
 
     def keep_telling(self, send):
         """The stop failed or was not confirmed, and someone can be told: repeat STOP NOT CONFIRMED until an ACK
@@ -1172,6 +1248,13 @@ WATCH_OPTIONS = [
     ("confirm_seconds", "--confirm-seconds", "float?", None,
      "a stop meant to end the machine is NOT CONFIRMED when this box is still up this long after it "
      "exits 0 (default 90 for a profile's stop or shutdown/poweroff/halt, else 0 = cannot confirm)"),
+    ("still_up_seconds", "--still-up-seconds", "float", stop_engine.DEFAULT_STILL_UP_SECONDS,
+     "a provider stop of this box that read CONFIRMED is revoked when this box is still up this long after it "
+     "(%g; 0 = no check, for a rehearsal off the box)" % stop_engine.DEFAULT_STILL_UP_SECONDS),
+    ("stop_retry_minutes", "--stop-retry-minutes", "float", 5.0,
+     "after a stop that failed or was NOT CONFIRMED, run the whole stop again (stop, read back, fallback) after "
+     "this long, the gap doubling to at most 15 min (or this, if longer), until confirmed or an ACK (5; 0 = "
+     "never again: tests and rehearsals only)"),
     ("term_grace_seconds", "--term-grace-seconds", "float", 30.0,
      "after the run's stop signal to a live job's process group, wait this long for its checkpoint (30)"),
     ("sync_wait_seconds", "--sync-wait-seconds", "float", 300.0,

@@ -21,7 +21,9 @@ It also fires at --max-hours since arming, whatever the readings say.
 The stop is the profile's METER_STOP_CMD (--profile) or --stop-cmd, run by stop_engine.py: checked
 when armed (a command that cannot run here is refused then), a script without "#!" run through
 /bin/sh, up to --retries attempts with backoff, then --fallback-stop-cmd; a stop meant to end the
-machine is NOT CONFIRMED when this box is still up --confirm-seconds later. A destructive stop
+machine is NOT CONFIRMED when this box is still up --confirm-seconds later (a provider stop read CONFIRMED is
+revoked when it is still up --still-up-seconds later), and a stop not confirmed runs again every
+--stop-retry-minutes until confirmed or acknowledged (deadman.py, the same options). A destructive stop
 (terminate, destroy, rm ...) is refused when armed unless --allow-destructive: an idle box can still
 hold the only copy of a result.
 
@@ -31,7 +33,8 @@ Usage:
                     [--max-hours H] [--fallback-stop-cmd CMD] [--pre-stop-cmd CMD] [--pre-stop-timeout S]
                     [--retries N] [--retry-backoff S] [--stop-timeout S] [--confirm-seconds S]
                     [--ssh-idle-minutes M] [--ssh-wait-max-minutes M] [--repeat-minutes M] [--registry DIR]
-                    [--lease-ttl-seconds S] [--allow-destructive] [--dry-run] [--foreground] [--json]
+                    [--lease-ttl-seconds S] [--still-up-seconds S] [--stop-retry-minutes M]
+                    [--allow-destructive] [--dry-run] [--foreground] [--json]
   idle_watch.py status --watch-dir DIR [--json]
   idle_watch.py disarm --watch-dir DIR
 

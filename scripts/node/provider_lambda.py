@@ -15,14 +15,16 @@ the instance's own disk; an attached filesystem survives (and keeps billing).
 
 Calls (Authorization: Bearer <key>):
   state      GET  /instances/{id}        status booting/active/unhealthy -> running, terminating -> stopping,
-                                         terminated or HTTP 404 -> gone
+                                         terminated or HTTP 404 -> gone; data.id not
+                                         this instance -> unknown
   terminate  POST /instance-operations/terminate  {"instance_ids": [id]}
   list       GET  /instances, GET /file-systems    (price_cents_per_hour of the instance type, where given)
 API base: RGT_LAMBDA_API_URL, else https://cloud.lambdalabs.com/api/v1.
 Confirmation: GET /instances/{id} answers 404 or status terminated.
 
-Usage: provider_lambda.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile lambda)
+Usage: provider_lambda.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile lambda)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import os
@@ -41,9 +43,11 @@ STATUS = {"booting": "running", "active": "running", "unhealthy": "running", "te
           "terminated": "gone", "preempted": "gone"}
 
 
-def instance_state(inst):
+def instance_state(inst, ident=None):
     if not isinstance(inst, dict):
-        return "gone"
+        return "missing"
+    if ident is not None and str(inst.get("id")) != str(ident):
+        return "unknown"
     return STATUS.get(str(inst.get("status") or "").lower(), "unknown")
 
 
@@ -61,7 +65,7 @@ class Lambda(pv.Adapter):
             return "gone"
         if not isinstance(doc, dict) or not isinstance(doc.get("data"), dict):
             raise pv.ProviderError("http", "lambda: answer has no data object")
-        return instance_state(doc["data"])
+        return instance_state(doc["data"], self.instance_id)
 
     def stop(self, timeout=pv.DEFAULT_TIMEOUT_S):
         raise pv.ProviderError("config", "lambda has no stop: terminate is the only meter stop (it erases the "
@@ -72,7 +76,7 @@ class Lambda(pv.Adapter):
                           timeout=timeout)
 
     def confirmed(self, state, action):
-        return state == "gone" if action in ("stop", "terminate") else pv.Adapter.confirmed(self, state, action)
+        return state in pv.ABSENT if action in ("stop", "terminate") else pv.Adapter.confirmed(self, state, action)
 
     def list(self, timeout=pv.DEFAULT_TIMEOUT_S):
         instances, storage = [], []

@@ -9,15 +9,17 @@ team-scoped: anyone who reads it can stop, start or delete every machine of the 
 Calls (Authorization: Bearer <key>; Paperspace OpenAPI v1):
   state      GET    /machines/{id}        state off -> stopped; stopping -> stopping;
                                           ready/serviceready/starting/restarting/upgrading/provisioning ->
-                                          running; HTTP 404 -> gone
+                                          running; HTTP 404 -> gone; an answer about
+                                          another machine id -> unknown
   stop       PATCH  /machines/{id}/stop   (the disk keeps billing while the machine exists)
   terminate  DELETE /machines/{id}        (deletes the machine and its disk)
   list       GET    /machines             (usageRate and storageRate as the API gives them; unit unverified)
 API base: RGT_PAPERSPACE_API_URL, else https://api.paperspace.com/v1.
 Confirmation: state reads off (stop), or the machine answers 404 (terminate).
 
-Usage: provider_paperspace.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile paperspace)
+Usage: provider_paperspace.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile paperspace)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import re
@@ -36,8 +38,12 @@ STATE = {"off": "stopped", "stopping": "stopping", "ready": "running", "servicer
          "starting": "running", "restarting": "running", "upgrading": "running", "provisioning": "running"}
 
 
-def machine_state(machine):
-    if not isinstance(machine, dict) or machine.get("dtDeleted"):
+def machine_state(machine, ident=None):
+    if not isinstance(machine, dict):
+        return "missing"
+    if ident is not None and str(machine.get("id")) != str(ident):
+        return "unknown"
+    if machine.get("dtDeleted"):
         return "gone"
     return STATE.get(str(machine.get("state") or "").lower(), "unknown")
 
@@ -56,7 +62,7 @@ class Paperspace(pv.Adapter):
             return "gone"
         if not isinstance(doc, dict):
             raise pv.ProviderError("http", "paperspace: answer is not an object")
-        return machine_state(doc)
+        return machine_state(doc, self.instance_id)
 
     def stop(self, timeout=pv.DEFAULT_TIMEOUT_S):
         return self._call("PATCH", "/machines/%s/stop" % self._need_instance(), timeout=timeout)

@@ -8,15 +8,17 @@ api_key in the [default] profile of ~/.runpod/config.toml (the runpod SDK's file
 Calls (POST {base}/graphql, Authorization: Bearer <key>; what the runpod SDK and runpodctl send):
   state      query pod(input: {podId}) { desiredStatus runtime { uptimeInSeconds } }
              desiredStatus RUNNING -> running (EXITED with a runtime still attached -> stopping);
-             EXITED -> stopped; TERMINATED, or pod null -> gone
+             EXITED -> stopped; TERMINATED -> gone; pod null -> missing (confirms a terminate only);
+             an answer for another pod id -> unknown
   stop       mutation podStop(input: {podId})         (the volume disk keeps billing at 2x)
   terminate  mutation podTerminate(input: {podId})    (deletes container and volume disk)
   list       query myself { pods {...costPerHr...} networkVolumes {...} }
 API base: RGT_RUNPOD_API_URL, else RUNPOD_API_BASE_URL (the SDK's variable), else https://api.runpod.io.
 Confirmation: the Pod reads EXITED with no runtime (stop), or TERMINATED / no such Pod (terminate).
 
-Usage: provider_runpod.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile runpod)
+Usage: provider_runpod.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile runpod)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import os
@@ -40,9 +42,12 @@ Q_FLEET = ("query myself { myself { pods { %s networkVolumeId "
            "networkVolumes { id name size dataCenterId } } }" % POD_FIELDS)
 
 
-def pod_state(pod):
+def pod_state(pod, ident=None):
+    """The state word of one pod object; IDENT (our pod id): an answer about another pod is unknown."""
     if not isinstance(pod, dict):
-        return "gone"
+        return "missing"
+    if ident is not None and str(pod.get("id")) != str(ident):
+        return "unknown"
     status = str(pod.get("desiredStatus") or "").upper()
     if status == "TERMINATED":
         return "gone"
@@ -67,14 +72,15 @@ class RunPod(pv.Adapter):
             first = errors[0] if isinstance(errors, list) and errors else {}
             msg = str(first.get("message") if isinstance(first, dict) else first)[:200]
             kind = "auth" if "unauthor" in msg.lower() or "forbidden" in msg.lower() else "http"
-            raise pv.ProviderError(kind, "runpod: GraphQL error: %s" % msg)
+            raise pv.ProviderError(kind, "runpod: GraphQL error: %s" % core.redact(msg))
         data = doc.get("data")
         if not isinstance(data, dict):
             raise pv.ProviderError("http", "runpod: GraphQL answer has no data")
         return data
 
     def state(self, timeout=pv.DEFAULT_TIMEOUT_S):
-        return pod_state(self._gql(Q_POD, {"podId": self._need_instance()}, timeout).get("pod"))
+        ident = self._need_instance()
+        return pod_state(self._gql(Q_POD, {"podId": ident}, timeout).get("pod"), ident)
 
     def stop(self, timeout=pv.DEFAULT_TIMEOUT_S):
         return self._gql(M_STOP, {"podId": self._need_instance()}, timeout).get("podStop")

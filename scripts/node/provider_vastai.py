@@ -9,7 +9,8 @@ vastai CLI's order).
 
 Calls (Authorization: Bearer <key>; the paths the vastai CLI uses):
   state      GET    /api/v0/instances/{id}/?owner=me   -> {"instances": {...} | null}
-             cur_state unloaded or instances null -> gone; cur_state stopped (container not running) ->
+             cur_state unloaded or HTTP 404 -> gone; instances null -> missing (confirms a terminate only);
+             instances.id not this instance -> unknown; cur_state stopped (container not running) ->
              stopped; intended_status stopped otherwise -> stopping; actual_status unknown/offline -> unknown
   stop       PUT    /api/v0/instances/{id}/  {"state": "stopped"}   (disk keeps billing)
   terminate  DELETE /api/v0/instances/{id}/                          (destroys the instance and its disk)
@@ -17,8 +18,9 @@ Calls (Authorization: Bearer <key>; the paths the vastai CLI uses):
 API base: RGT_VASTAI_API_URL, else VAST_URL (the CLI's variable), else https://console.vast.ai.
 Confirmation: cur_state reads stopped (stop), or unloaded / no such instance (terminate).
 
-Usage: provider_vastai.py {state,stop,terminate} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--destructive]   (the same commands as providers.py, profile vastai)
+Usage: provider_vastai.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
+       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
+       [--destructive]   (the same commands as providers.py, profile vastai)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import json
@@ -35,9 +37,12 @@ URL_VARS = ("RGT_VASTAI_API_URL", "VAST_URL")
 RUNNING = ("running", "loading", "rebooting", "frozen", "created", "scheduling")
 
 
-def instance_state(inst):
+def instance_state(inst, ident=None):
+    """The state word of one instance object; IDENT (ours): an answer about another instance is unknown."""
     if not isinstance(inst, dict):
-        return "gone"
+        return "missing"
+    if ident is not None and str(inst.get("id")) != str(ident):
+        return "unknown"
     cur = str(inst.get("cur_state") or "").lower()
     actual = str(inst.get("actual_status") or "").lower()
     intended = str(inst.get("intended_status") or "").lower()
@@ -74,7 +79,7 @@ class VastAI(pv.Adapter):
             return "gone"
         if not isinstance(doc, dict) or "instances" not in doc:
             raise pv.ProviderError("http", "vastai: answer has no 'instances' key")
-        return instance_state(doc.get("instances"))
+        return instance_state(doc.get("instances"), self.instance_id)
 
     def stop(self, timeout=pv.DEFAULT_TIMEOUT_S):
         return self._checked(self._call("PUT", self._path(), {"state": "stopped"}, timeout=timeout))
@@ -85,7 +90,8 @@ class VastAI(pv.Adapter):
 
     def _checked(self, doc):
         if isinstance(doc, dict) and doc.get("success") is False:
-            raise pv.ProviderError("http", "vastai: request refused: %s" % str(doc.get("msg") or doc.get("error"))[:200])
+            raise pv.ProviderError("http", "vastai: request refused: %s" % core.redact(str(doc.get("msg") or
+                                                                                         doc.get("error")))[:200])
         return doc
 
     def list(self, timeout=pv.DEFAULT_TIMEOUT_S):

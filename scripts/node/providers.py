@@ -5,6 +5,15 @@ A stop is only as good as the state read back after it: a 200, a delete that was
 provider agreed to is NOT a stopped meter. Every adapter reads the instance's state, and
 stop_and_confirm() polls it (capped, 240 s by default) until the state says stopped or gone.
 
+Confirmation that a lying or lagging API cannot fool (finding C5): CONFIRMED only when the state of THIS
+instance id says stopped/gone on --confirm-reads consecutive reads (default 3) spanning at least
+--confirm-span-seconds (default 20 s; env RGT_PROVIDER_CONFIRM_READS / RGT_PROVIDER_CONFIRM_SPAN_S set the
+defaults, which is how tests shrink them through the dead-man). A read that failed (any ProviderError), an
+answer for another instance id, or an ambiguous one is "unknown": it neither counts nor resets the streak,
+and the reads go on until the cap. "gone" (a 404) and "missing" (a null object, which confirms only a
+terminate) need at least two reads. A read that says running or stopping resets the streak (a state that
+flaps EXITED -> RUNNING never confirms).
+
 Library (node side, standard library only; the stop engine and the laptop's billing report import it):
 
   adapter_for(profile_id, environ=None) -> Adapter | None
@@ -12,12 +21,13 @@ Library (node side, standard library only; the stop engine and the laptop's bill
       how that box stops); ProviderError("config") when the platform has one but this box lacks what it
       needs (an id, a key). environ defaults to this process's environment over PID 1's.
   Adapter.name, Adapter.instance_id
-  Adapter.state(timeout) -> "running" | "stopping" | "stopped" | "gone" | "unknown"
+  Adapter.state(timeout) -> "running" | "stopping" | "stopped" | "gone" | "missing" | "unknown"
   Adapter.stop(timeout), Adapter.terminate(timeout)       a request only; never a confirmation
-  Adapter.confirmed(state, action) -> bool                stop: stopped or gone; terminate: gone
+  Adapter.confirmed(state, action) -> bool     stop: stopped or gone; terminate: gone or missing
   Adapter.list(timeout) -> {"instances": [...], "storage": [...]}   (laptop keys; $/h where given)
-  stop_and_confirm(adapter, action, poll_s=10, cap_s=240, clock=time.monotonic, sleep=time.sleep)
-      -> {"action", "confirmed", "state", "polls", "error", ...}
+  stop_and_confirm(adapter, action, poll_s=10, cap_s=240, clock=time.monotonic, sleep=time.sleep,
+                   reads=3, span_s=20, send=True)
+      -> {"action", "confirmed", "state", "polls", "unknown_reads", "error", ...}   (send=False: read back only)
   ProviderError(kind, message, retry_after=None); kind in auth, rate, timeout, http, config, network.
       401/403 -> auth (never retried); 429 -> rate (retry_after from Retry-After); a hang is cut at the
       timeout (socket timeout plus an overall deadline) -> timeout.
@@ -27,11 +37,18 @@ Command line (a person checking a box by hand; the same calls the engine makes):
   providers.py state     --profile P [--timeout S] [--json]
   providers.py stop      --profile P [--timeout S] [--poll-seconds S] [--cap-seconds S] [--json]
   providers.py terminate --profile P --destructive [--timeout S] [--poll-seconds S] [--cap-seconds S] [--json]
+  providers.py confirm   --profile P [--action stop|terminate] [--timeout S] [--poll-seconds S] [--cap-seconds S]
+                         [--json]     read the state back only (no request): what a fallback stop is judged by
+  stop, terminate and confirm also take [--confirm-reads N] [--confirm-span-seconds T].
+
+Run as a script it runs the imported module `providers` (one ProviderError class, the one the adapters raise:
+finding C3), never a second copy named __main__.
 
 Keys come from the environment (or the 0600 key file a profile names) and never appear in argv, output,
-logs or error lines.
+logs or error lines: every error text and output line passes rgt_core.redact (a provider that echoes the
+key in its error body is cut to ***).
 
-Exit codes: 0 OK (state read; stop or terminate CONFIRMED); 1 NOT CONFIRMED, or the provider answered with
+Exit codes: 0 OK (state read; stop, terminate or confirm CONFIRMED); 1 NOT CONFIRMED, or the provider answered with
 an error; 2 usage or configuration (no API on this platform, a missing id or key); 3 refused (terminate
 without --destructive).
 """
@@ -45,11 +62,17 @@ import time
 import rgt_core as core
 
 KINDS = ("auth", "rate", "timeout", "http", "config", "network")
-STATES = ("running", "stopping", "stopped", "gone", "unknown")
+STATES = ("running", "stopping", "stopped", "gone", "missing", "unknown")
 ACTIONS = ("stop", "terminate")
 DEFAULT_CAP_S = 240.0
 DEFAULT_POLL_S = 10.0
 DEFAULT_TIMEOUT_S = 30.0
+# Confirmation (C5): this many consecutive stopped/gone reads spanning at least this long. 3 reads 10 s apart
+# outlast one stale cache answer and a state that flaps back; well inside the 240 s cap.
+DEFAULT_CONFIRM_READS = 3
+DEFAULT_CONFIRM_SPAN_S = 20.0
+READS_ENV, SPAN_ENV = "RGT_PROVIDER_CONFIRM_READS", "RGT_PROVIDER_CONFIRM_SPAN_S"
+ABSENT = ("gone", "missing")     # read twice at least: one 404 or null can be a lagging replica
 MAX_BODY = 8 << 20
 # Profiles whose platform gives the node no API to stop itself; the profile's METER_STOP_CMD says how.
 NO_API = ("autodl", "china", "generic-ssh", "local")
@@ -63,6 +86,7 @@ class ProviderError(Exception):
     def __init__(self, kind, message, retry_after=None):
         if kind not in KINDS:
             raise ValueError("unknown ProviderError kind %r" % kind)
+        message = core.redact(message)
         super().__init__(message)
         self.kind, self.message, self.retry_after = kind, message, retry_after
 
@@ -252,7 +276,7 @@ def _error_hint(raw):
     if isinstance(doc, dict):
         err = doc.get("error")
         msg = doc.get("msg") or doc.get("message") or (err.get("message") if isinstance(err, dict) else err)
-    return (": %s" % str(msg)[:200]) if msg else ""
+    return (": %s" % core.redact(str(msg))[:200]) if msg else ""
 
 
 # ---------------------------------------------------------------- the interface
@@ -293,12 +317,17 @@ class Adapter(object):
         raise NotImplementedError
 
     def confirmed(self, state, action):
-        """A stop is confirmed by the state alone, never by the answer to the request."""
+        """A stop is confirmed by the state alone, never by the answer to the request. "missing" (a null
+        object) says only that the API no longer shows it: enough for a terminate, never for a stop."""
         if action == "stop":
             return state in ("stopped", "gone")
         if action == "terminate":
-            return state == "gone"
+            return state in ABSENT
         raise ValueError("unknown action %r" % action)
+
+    def mine(self, ident):
+        """Is an answer about IDENT about this adapter's instance? (An answer for another id is unknown: C5.)"""
+        return ident is not None and str(ident) == str(self.instance_id)
 
 
 def listed(doc, key, who):
@@ -351,16 +380,21 @@ def laptop_adapter(profile_id, environ=None, home=None):
 # ---------------------------------------------------------------- stop, then read the state back
 
 def stop_and_confirm(adapter, action, poll_s=DEFAULT_POLL_S, cap_s=DEFAULT_CAP_S, clock=time.monotonic,
-                     sleep=time.sleep, request_timeout=DEFAULT_TIMEOUT_S):
-    """Send ACTION ("stop" or "terminate") once, then read the state every POLL_S until it confirms or CAP_S
-    runs out. Pure loop: CLOCK and SLEEP are injectable, so rule tests never wait. A rate limit waits its
-    Retry-After (within the cap) and tries again; a refused key ends at once; network errors and hangs are
-    retried until the cap. Returns {action, confirmed, state, polls, error, requests, elapsed_s, provider,
-    instance_id}; confirmed is True only when a state read said so."""
+                     sleep=time.sleep, request_timeout=DEFAULT_TIMEOUT_S, reads=DEFAULT_CONFIRM_READS,
+                     span_s=DEFAULT_CONFIRM_SPAN_S, send=True):
+    """Send ACTION ("stop" or "terminate") once (SEND False: send nothing, only read back), then read the state
+    every POLL_S until READS consecutive confirming reads span SPAN_S, or CAP_S runs out. Pure loop: CLOCK and
+    SLEEP are injectable, so rule tests never wait. The request: a rate limit waits its Retry-After (within the
+    cap) and tries again; a refused key, a config or HTTP error ends at once; network errors and hangs are
+    retried until the cap. The reads: a failed, foreign or ambiguous read is "unknown" (neither counts nor
+    resets); running/stopping resets the streak. Returns {action, confirmed, state, polls, unknown_reads,
+    error, requests, elapsed_s, provider, instance_id}; confirmed is True only when the reads said so."""
     if action not in ACTIONS:
         raise ValueError("action must be stop or terminate, not %r" % action)
+    reads = max(1, int(reads))
     start = clock()
-    out = {"action": action, "confirmed": False, "state": "unknown", "polls": 0, "error": None, "requests": 0,
+    out = {"action": action, "confirmed": False, "state": "unknown", "polls": 0, "unknown_reads": 0,
+           "error": None, "requests": 0, "sent": bool(send),
            "provider": getattr(adapter, "name", None), "instance_id": getattr(adapter, "instance_id", None)}
 
     def left():
@@ -368,14 +402,16 @@ def stop_and_confirm(adapter, action, poll_s=DEFAULT_POLL_S, cap_s=DEFAULT_CAP_S
 
     def call(fn):
         """FN(timeout) with rate/network retries inside the cap; (result, None) or (None, ProviderError)."""
+        last = None
         while True:
             budget = left()
-            if budget <= 0:
-                return None, ProviderError("timeout", "the %.0f s cap ran out" % cap_s)
+            if budget <= 0:   # the last error says what kept failing (a network outage stays "network")
+                return None, last or ProviderError("timeout", "the %.0f s cap ran out" % cap_s)
             out["requests"] += 1
             try:
                 return fn(min(request_timeout, budget)), None
             except ProviderError as exc:
+                last = exc
                 if exc.kind in ("auth", "config", "http"):
                     return None, exc
                 wait = exc.retry_after if (exc.kind == "rate" and exc.retry_after is not None) else poll_s
@@ -383,42 +419,75 @@ def stop_and_confirm(adapter, action, poll_s=DEFAULT_POLL_S, cap_s=DEFAULT_CAP_S
                     return None, exc
                 sleep(max(0.0, wait))
 
-    _, err = call(getattr(adapter, action))
-    if err is not None:
-        out["error"] = err.as_dict()
-        out["elapsed_s"] = round(clock() - start, 3)
-        return out
-    while True:
-        state, err = call(adapter.state)
+    if send:
+        _, err = call(getattr(adapter, action))
         if err is not None:
             out["error"] = err.as_dict()
+            out["elapsed_s"] = round(clock() - start, 3)
+            return out
+    streak, last_err = [], None          # clock times of the consecutive confirming reads
+    while True:
+        wait = poll_s
+        budget = left()
+        if budget <= 0:
             break
+        out["requests"] += 1
+        try:
+            state = adapter.state(min(request_timeout, budget))
+        except ProviderError as exc:
+            if exc.kind == "config":
+                out["error"] = exc.as_dict()
+                break
+            state, last_err = "unknown", exc
+            if exc.kind == "rate" and exc.retry_after is not None:
+                wait = max(poll_s, exc.retry_after)
         out["polls"] += 1
         out["state"] = state
-        if adapter.confirmed(state, action):
+        if state not in STATES or state == "unknown" or (state == "missing" and not adapter.confirmed(state, action)):
+            out["unknown_reads"] += 1            # neither counts nor resets (a null object says nothing of a stop)
+        elif adapter.confirmed(state, action):
+            streak.append((clock(), state))
+        else:
+            streak = []                           # running or stopping again: start over
+        need = max(reads, 2) if any(s in ABSENT for _, s in streak) else reads
+        if len(streak) >= need and streak[-1][0] - streak[0][0] >= span_s:
             out["confirmed"] = True
+            out["state"] = streak[-1][1]
             break
-        if poll_s >= left():
-            out["error"] = {"kind": "timeout", "retry_after": None, "message": "state still %r after %d reads "
-                            "in %.0f s: %s NOT CONFIRMED" % (state, out["polls"], cap_s, action)}
+        if wait >= left():
             break
-        sleep(poll_s)
+        sleep(wait)
+    if not out["confirmed"] and out["error"] is None:
+        why = "" if last_err is None else "; last failed read: %s" % last_err
+        out["error"] = {"kind": "timeout", "retry_after": None, "message": "state %r after %d read(s) (%d unknown) "
+                        "in %.0f s, %d consecutive confirming read(s) needed over %g s: %s NOT CONFIRMED%s" % (
+                            out["state"], out["polls"], out["unknown_reads"], cap_s, reads, span_s, action, why)}
     out["elapsed_s"] = round(clock() - start, 3)
     return out
 
 
 # ---------------------------------------------------------------- command line
 
+def env_default(name, kind, default, low, high):
+    """A default from the environment (tests shrink the confirmation through the dead-man); bad -> DEFAULT."""
+    try:
+        value = kind(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if low <= value <= high else default
+
+
 def build_parser(fixed_profile=None):
     prog = "%s" % ("provider_%s.py" % fixed_profile if fixed_profile else "providers.py")
     epilog = core.exit_codes_epilog(__doc__)  # provider_*.py run this parser too: their codes are these
     parser = core.Parser(prog=prog, description="Read, stop or terminate this box through its provider's API "
                          "(see the docstring).", formatter_class=core.RawHelp, epilog=epilog)
-    sub = parser.add_subparsers(dest="command", metavar="{state,stop,terminate}", parser_class=core.Parser)
-    for name in ("state", "stop", "terminate"):
+    sub = parser.add_subparsers(dest="command", metavar="{state,stop,terminate,confirm}", parser_class=core.Parser)
+    for name in ("state", "stop", "terminate", "confirm"):
         p = sub.add_parser(name, help={"state": "read this instance's state",
                                        "stop": "stop, then poll the state until stopped (or the cap)",
-                                       "terminate": "terminate (destroys the box's disk), then poll until gone"
+                                       "terminate": "terminate (destroys the box's disk), then poll until gone",
+                                       "confirm": "send nothing; poll the state until it confirms (or the cap)"
                                        }[name], formatter_class=core.RawHelp, epilog=epilog)
         if not fixed_profile:
             p.add_argument("--profile", required=True, help="the platform profile id")
@@ -430,8 +499,17 @@ def build_parser(fixed_profile=None):
                            default=DEFAULT_POLL_S, help="seconds between state reads (default 10)")
             p.add_argument("--cap-seconds", type=core.arg_number(float, 0.0, 86400, low_open=True),
                            default=DEFAULT_CAP_S, help="give up unconfirmed after this long (default 240)")
+            p.add_argument("--confirm-reads", type=core.arg_number(int, 1, 1000),
+                           default=env_default(READS_ENV, int, DEFAULT_CONFIRM_READS, 1, 1000),
+                           help="consecutive stopped/gone reads that confirm (default 3, or $%s)" % READS_ENV)
+            p.add_argument("--confirm-span-seconds", type=core.arg_number(float, 0.0, 3600),
+                           default=env_default(SPAN_ENV, float, DEFAULT_CONFIRM_SPAN_S, 0.0, 3600.0),
+                           help="those reads span at least this long (default 20, or $%s)" % SPAN_ENV)
         if name == "terminate":
             p.add_argument("--destructive", action="store_true", help="required: terminate deletes the box's disk")
+        if name == "confirm":
+            p.add_argument("--action", choices=ACTIONS, default="stop",
+                           help="what the state must show: stop (stopped or gone) or terminate (gone)")
     return parser
 
 
@@ -461,25 +539,31 @@ def main(argv=None, fixed_profile=None):
                            "%s %s %s: %s" % (core.FAIL, adapter.name, adapter.instance_id, exc), 1)
         return _report(args, dict(adapter.describe(), state=state, error=None),
                        "%s %s %s is %s" % (core.OK, adapter.name, adapter.instance_id, state), 0)
-    res = stop_and_confirm(adapter, args.command, poll_s=args.poll_seconds, cap_s=args.cap_seconds,
-                           request_timeout=args.timeout)
+    action = args.action if args.command == "confirm" else args.command
+    res = stop_and_confirm(adapter, action, poll_s=args.poll_seconds, cap_s=args.cap_seconds,
+                           request_timeout=args.timeout, reads=args.confirm_reads, span_s=args.confirm_span_seconds,
+                           send=args.command != "confirm")
     res.update(adapter.describe())
+    what = "%s (read back only)" % action if args.command == "confirm" else action
     if res["confirmed"]:
-        line = "%s %s %s CONFIRMED: state %s after %d read(s)" % (core.OK, args.command, adapter.instance_id,
+        line = "%s %s %s CONFIRMED: state %s after %d read(s)" % (core.OK, what, adapter.instance_id,
                                                                   res["state"], res["polls"])
     else:
-        line = "%s %s %s NOT CONFIRMED: state %s; %s" % (core.FAIL, args.command, adapter.instance_id, res["state"],
+        line = "%s %s %s NOT CONFIRMED: state %s; %s" % (core.FAIL, what, adapter.instance_id, res["state"],
                                                          (res["error"] or {}).get("message", "no error"))
     return _report(args, res, line, 0 if res["confirmed"] else 1)
 
 
 def _report(args, doc, line, code):
     if args.json:
-        core.emit_json(doc)
+        core.emit_json(core.redact_doc(doc))
     else:
-        print(line)
+        print(core.redact(line))
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(core.run_main(main, prog="providers.py"))
+    # The adapters `import providers`: run that module, not this __main__ copy, so that the ProviderError they
+    # raise is the one main() and stop_and_confirm() catch (finding C3).
+    import providers
+    sys.exit(core.run_main(providers.main, prog="providers.py"))

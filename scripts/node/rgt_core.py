@@ -29,6 +29,11 @@ import it from scripts/node/. Each safety rule that guards money or data lives h
   arg_number                         an argparse type for a bounded finite number (nan/inf refused)
   check_toolkit / toolkit_version    the node folder's version stamp (VERSION.json)
   tar_pack_shell / tar_unpack_shell  a tar stream over ssh on a host with no tar (python3 tarfile)
+  redact / redact_doc                secrets cut from a text (or every string of a record) before it is recorded,
+                                     logged, told or shown: key values from the environment (*_API_KEY, *_TOKEN,
+                                     *_SECRET, *_PASSWORD; this process's and PID 1's) and from the providers' key
+                                     files, Authorization / Bearer values, api_key= and token= words, URL
+                                     credentials and query strings
 
 Exit codes shared by every script: 0 OK, 1 a check failed, 2 usage or bad input, 3 a gate refused.
 """
@@ -1037,6 +1042,74 @@ def scrub_record(obj):
     """Every string of a record (keys too) through scrub_urls: a command, error texts and a git remote may
     all quote a URL, and the records travel (durable storage, the laptop, reviewers)."""
     return map_strings(obj, scrub_urls)
+
+
+SECRET_NAME = re.compile(r"(?i)(_API_KEY|_APIKEY|_TOKEN|_SECRET|_PASSWORD|_PASSWD|^API_KEY|^TOKEN)$")
+# Key files the provider adapters read (their `api_key = ...` values are secrets wherever they surface).
+KEY_FILE_VARS = {"RGT_LAMBDA_KEY_FILE": "~/.lambda_cloud/lambda_keys",
+                 "RGT_PAPERSPACE_KEY_FILE": "~/.config/rgt/paperspace_key"}
+SECRET_WORDS = re.compile(r"(?i)((?:authorization|proxy-authorization)\s*[:=]\s*(?:bearer\s+|basic\s+|token\s+)?"
+                          r"|\b(?:bearer|basic)\s+"
+                          r"|\b[\w-]*(?:api[_-]?key|apikey|token|secret|password|passwd)[\"']?\s*[=:]\s*[\"']?)"
+                          r"(?!\$)([^\s\"'&,;}]+)")      # a $VAR is a name, not a value
+MIN_SECRET_LEN = 6       # shorter values ("1", "yes") are not keys and would blank out ordinary words
+
+
+def secret_values(environ=None):
+    """The secret values this box holds: *_API_KEY / *_TOKEN / *_SECRET / *_PASSWORD variables of this process
+    and of PID 1 (a container keeps the platform's key there), and api_key lines of the providers' key files."""
+    envs = [os.environ if environ is None else environ]
+    if environ is None:
+        try:
+            with open("/proc/1/environ", "rb") as handle:
+                raw = handle.read(1 << 20)
+            envs.append({k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, _, v in
+                         (item.partition(b"=") for item in raw.split(b"\0")) if k})
+        except OSError:
+            pass
+    found = set()
+    for env in envs:
+        for name, value in env.items():
+            if SECRET_NAME.search(name) and value and len(value.strip()) >= MIN_SECRET_LEN:
+                found.add(value.strip())
+        for var, default in KEY_FILE_VARS.items():
+            path = os.path.expanduser((env.get(var) or "").strip() or default)
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    text = handle.read(1 << 16)
+            except (OSError, UnicodeDecodeError):
+                continue
+            for line in text.splitlines():
+                name, sep, value = line.partition("=")
+                value = value.strip().strip("\"'")
+                if sep and "key" in name.lower() and len(value) >= MIN_SECRET_LEN:
+                    found.add(value)
+    return sorted(found, key=len, reverse=True)   # longest first: a key that contains another goes whole
+
+
+def redact(text, environ=None):
+    """TEXT with every secret cut to ***: the values secret_values() finds, Authorization / Bearer values,
+    api_key= / token= / password= words, and URL credentials and query strings (scrub_urls). The one
+    redaction every provider and notify error, record, log line and status line passes through (C8)."""
+    if not isinstance(text, str) or not text:
+        return text
+    for value in secret_values(environ):
+        if value in text:
+            text = text.replace(value, "***")
+    text = SECRET_WORDS.sub(lambda m: m.group(1) + ("***" if m.group(2) != "***" else m.group(2)), text)
+    return scrub_urls(text)
+
+
+def redact_doc(obj, environ=None):
+    """Every string of a JSON-shaped record through redact (the secret list read once)."""
+    values = secret_values(environ)
+
+    def one(text):
+        for value in values:
+            if value in text:
+                text = text.replace(value, "***")
+        return redact(text, environ={}) if text else text
+    return map_strings(obj, one)
 
 
 def url_secrets(words):

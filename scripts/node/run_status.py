@@ -324,21 +324,48 @@ def deadman_words(dm):
     return "deadman %s" % (word if word == "DOWN" else word.lower())
 
 
+def stop_words(dm):
+    """What the stop did, in words that match the record (findings N12, N17, C7): "stop pending" before any
+    attempt, the attempts' real exit codes, a refused destructive stop and its fallback, the retries."""
+    if dm.get("dry_run"):
+        return "dry run (nothing was stopped)"
+    codes = dm.get("stop_exit_codes") or []
+    retry = dm.get("stop_retry") or {}
+    if dm.get("stop_ok") is None and dm.get("stop_confirmed") is None and not codes:
+        return None
+    if dm.get("stop_pending"):
+        return "stop pending (no stop attempt has run yet)"   # findings N4, N12: never FAILED before an attempt
+    said = "exit code%s %s" % ("" if len(codes) == 1 else "s", ", ".join(codes)) if codes else "no attempt ran"
+    if dm.get("stop_refused"):
+        if dm.get("stop_ok") and codes:
+            words = "destructive stop refused, fallback ran (%s)" % (
+                "confirmed" if dm.get("stop_confirmed") else "unconfirmed")
+        else:
+            words = "destructive stop refused, %s (%s)" % ("fallback FAILED" if codes else "no fallback ran", said)
+    elif dm.get("stop_confirmed") is False:
+        words = "STOP NOT CONFIRMED (attempts: %s; this box may still be billing: stop it by hand)" % said
+    elif dm.get("stop_ok"):
+        words = "stop command ok%s" % (" (confirmed)" if dm.get("stop_confirmed") else "")
+    else:
+        words = "stop command FAILED (%s)" % said
+    if retry.get("since"):
+        words += "; stop retried %d time(s) since %s%s" % (
+            retry.get("tries") or 0, retry["since"],
+            {"waiting": ", next at %s" % retry.get("next_at"), "running": ", a retry is running now",
+             "acknowledged": ", retries ended by an ACK", "confirmed": ", confirmed on the last retry"}.get(
+                retry.get("state"), ""))
+    return core.redact(words)
+
+
 def one_line(r):
     word = r["status"].upper()
     bits = [word]
     dm = r["deadman"]
     if r["status"] == "deadman_fired":
         bits.append("reason %s" % (dm.get("fired_reason") or "?"))
-        if dm.get("stop_confirmed") is False:
-            bits.append("STOP NOT CONFIRMED (the stop exited 0 but this box is still up: stop it by hand)")
-        elif dm.get("dry_run"):
-            bits.append("dry run (nothing was stopped)")
-        elif dm.get("stop_pending"):   # finding N4: never "FAILED" before any attempt ran
-            bits.append("stop pending (no stop attempt has run yet)")
-        elif dm.get("stop_ok") is not None:
-            bits.append("stop command %s%s" % ("ok" if dm["stop_ok"] else "FAILED",
-                                              " (confirmed)" if dm.get("stop_confirmed") else ""))
+        words = stop_words(dm)
+        if words:
+            bits.append(words)
         bits.append("(job %s)" % (r.get("state") or "?"))
     elif r.get("reason"):
         bits.append(r["reason"])
@@ -460,6 +487,10 @@ def classify(run_dir, stall_override=None, want_gpu=True, gpu_timeout=3.0, prev=
                      "fired_reason": fired.get("reason"), "fired_detail": fired.get("detail"),
                      "fired_at": fired.get("fired_at"), "stop_ok": fired.get("ok"),
                      "stop_confirmed": fired.get("confirmed"), "dry_run": fired.get("dry_run"),
+                     "stop_exit_codes": ["timed out" if a.get("timed_out") else str(a.get("rc"))
+                                         for a in (fired.get("attempts") or []) if isinstance(a, dict)],
+                     "stop_refused": bool(fired.get("refused")), "stop_message": fired.get("message"),
+                     "stop_retry": fired.get("stop_retry") if isinstance(fired.get("stop_retry"), dict) else None,
                      "stop_pending": stop_pending(fired),
                      "loaded_version": (core.read_json(p("deadman.json")).get("loaded_version") or None),
                      "stale_code": stale_daemon(run_dir, dm, version)},

@@ -23,6 +23,16 @@ Used by every watcher: the run dead-man, its idle-box mode (idle_watch.py) and t
   escalate at the first NOT CONFIRMED and when every stop failed: a record ("escalations") and a
            notification through notify.py when that module is configured; never blocking.
 
+A provider plan (findings C3-C5) runs `providers.py stop` as a subprocess, as on the box: exit 0 only when
+the state of THIS instance read stopped/gone on consecutive reads (providers.py says how many, over how
+long). Two more rules hold it to the truth:
+  still up  a provider stop of this box that read CONFIRMED is revoked (confirmed false, escalated, the
+           sequence goes on) when this process is still running cfg still_up_seconds later (default 180;
+           0 = no check, for a rehearsal off the box): the box it stopped was this one.
+  fallback  a fallback's exit code never confirms a provider stop (C4): after it exits 0 the provider's state
+           is read back (`providers.py confirm`, no request sent); only a confirming read-back counts.
+Every attempt's output and error passes rgt_core.redact before it is recorded (C8).
+
 The fired record (the caller's dict) gains: attempts[], fallback{}, ok, confirmed (true/false/null),
 confirmation{}, escalations[], message.
 """
@@ -46,6 +56,7 @@ ENDS_BOX = {"shutdown", "poweroff", "halt", "runpodctl", "vastai", "init", "teli
 SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 DEFAULT_CONFIRM_SECONDS = 90.0
 DEFAULT_PROVIDER_CAP_SECONDS = 240.0
+DEFAULT_STILL_UP_SECONDS = 180.0   # a stopped pod/instance/machine takes its container down within seconds
 SLICE = 0.5
 
 
@@ -265,9 +276,11 @@ def provider_stop(plan, profile, warnings, cap_seconds=None):
         return
     action = "terminate" if getattr(adapter, "stop_unsupported", False) or profile == "lambda" else "stop"
     cap = float(cap_seconds) if cap_seconds else DEFAULT_PROVIDER_CAP_SECONDS
-    command = "%s %s %s --profile %s --cap-seconds %g --poll-seconds %g" % (
-        shlex.quote(sys.executable), shlex.quote(os.path.join(core.NODE_DIR, "providers.py")), action, profile,
-        cap, min(10.0, max(0.1, cap / 4)))
+    timing = "--cap-seconds %g --poll-seconds %g --timeout %g" % (cap, min(10.0, max(0.05, cap / 8)),
+                                                                  min(30.0, max(0.2, cap / 4)))
+    script = "%s %s" % (shlex.quote(sys.executable), shlex.quote(os.path.join(core.NODE_DIR, "providers.py")))
+    command = "%s %s --profile %s %s" % (script, action, profile, timing)
+    plan["provider_confirm_cmd"] = "%s confirm --profile %s --action %s %s" % (script, profile, action, timing)
     if plan["stop_cmd"] and not plan["destructive"] and not plan.get("fallback_stop_cmd"):
         plan.update(fallback_stop_cmd=plan["stop_cmd"], fallback_auto=True)
     plan.update(stop_cmd=command, stop_cmd_source="provider:%s" % profile, destructive=action == "terminate",
@@ -345,11 +358,11 @@ class Engine(object):
         cwd = self.run_dir if self.run_dir and os.path.isdir(self.run_dir) else "/"
         res = core.run_bounded(cmd, timeout, cwd=cwd)
         out = {"rc": res.rc, "timed_out": res.timed_out, "seconds": round(res.seconds, 2),
-               "output_tail": (res.output or "")[-300:], "at": core.utc_iso()}
+               "output_tail": core.redact(res.output or "")[-300:], "at": core.utc_iso()}
         if cmd[0] == "/bin/sh" and argv[0] != "/bin/sh":
             out["via_sh"] = True
         if res.error:
-            out["error"] = res.error
+            out["error"] = core.redact(res.error)
         return out
 
     def pre_stop(self):
@@ -438,10 +451,47 @@ class Engine(object):
                                       "exited 0" % (self.clock() - start)}
         return False
 
+    def read_back(self, rec):
+        """After a fallback exited 0 on a provider plan: does the provider's state confirm it? (C4)"""
+        command = self.plan.get("provider_confirm_cmd")
+        if not command:
+            rec["confirmation"] = {"method": None, "detail": "no provider read-back for this plan"}
+            return False
+        res = self.once(split_cmd(command, "the provider read-back"), self.cfg["stop_timeout"] +
+                        (self.plan.get("confirm_seconds") or DEFAULT_PROVIDER_CAP_SECONDS))
+        ok = res["rc"] == 0
+        rec["confirmation"] = {"method": "provider_read_back", "rc": res["rc"], "output_tail": res["output_tail"],
+                               "detail": "the fallback exited 0 and the provider's state %s" % (
+                                   "confirms the stop" if ok else "did NOT confirm it (exit %s)" % res["rc"])}
+        self.log("fallback read back from the provider: rc=%s (%s)" % (res["rc"], "confirmed" if ok else
+                                                                       "NOT CONFIRMED"))
+        if not ok and not self.rec["escalations"]:
+            self.escalate("%s: the fallback exited 0 but the provider's state does not say stopped" % NOT_CONFIRMED)
+        return ok
+
+    def still_up(self, rec):
+        """A provider stop of THIS box read CONFIRMED: is this process still running still_up_seconds later?
+        True revokes the confirmation (C5): the state the provider gave was not this box's."""
+        seconds = self.cfg.get("still_up_seconds", DEFAULT_STILL_UP_SECONDS)
+        if not seconds or self.cfg.get("dry_run"):
+            return False
+        rec["confirmed"] = self.rec["confirmed"] = True
+        self.rec["still_up_check_until"] = core.utc_iso(time.time() + seconds)
+        self.save()
+        start = self.clock()
+        while self.clock() - start < seconds:
+            self.sleep(min(SLICE, seconds))
+        self.rec.pop("still_up_check_until", None)
+        rec["revoked"] = {"at": core.utc_iso(), "detail": "the provider's state read stopped, but this box was still "
+                          "up %.0f s later: confirmation revoked" % (self.clock() - start)}
+        self.log("REVOKED: %s" % rec["revoked"]["detail"])
+        self.escalate("%s: %s" % (NOT_CONFIRMED, rec["revoked"]["detail"]))
+        return True
+
     def escalate(self, why):
         entry = {"at": core.utc_iso(), "why": why, "host": socket.gethostname()}
         self.rec["escalations"].append(entry)
-        self.log("!!! %s: %s !!!" % (NOT_CONFIRMED if "confirm" in why else "STOP FAILED", why))
+        self.log("!!! %s: %s !!!" % (NOT_CONFIRMED if "confirm" in why.lower() else "STOP FAILED", why))
         self.tell("stop_not_confirmed", why=why, attempts=len(self.rec["attempts"]))
         self.save()
 
@@ -471,13 +521,22 @@ class Engine(object):
                 # providers.py exits 0 only once the provider's state says stopped or gone, 1 when it did not.
                 rec["confirmation"] = {"method": "provider", "detail": "the provider's state %s"
                                        % ("confirms the stop" if rec["rc"] == 0 else "did not confirm it")}
-                if rec["rc"] == 0:
+                if rec["rc"] == 0 and self.still_up(rec):
+                    rec["confirmed"] = self.rec["confirmed"] = False
+                elif rec["rc"] == 0:
                     rec["confirmed"] = self.rec["confirmed"] = True
                     return True
-                if rec["rc"] == 1:
+                elif rec["rc"] == 1:
                     rec["confirmed"] = self.rec["confirmed"] = False
                     if not self.rec["escalations"]:
                         self.escalate("%s: the provider still reports the box running after the stop" % NOT_CONFIRMED)
+            elif rec["rc"] == 0 and self.plan.get("confirm_by") == "provider":
+                # A fallback's exit code never confirms a provider stop (C4): read the provider's state back.
+                if self.read_back(rec) and not self.still_up(rec):
+                    rec["confirmed"] = self.rec["confirmed"] = True
+                    return True
+                rec["confirmed"] = self.rec["confirmed"] = False
+                self.save()
             elif rec["rc"] == 0:
                 confirmed = self.confirm(rec)
                 rec["confirmed"] = confirmed
@@ -514,10 +573,11 @@ class Engine(object):
             return 0
         if self.attempts(argv, program, "stop", self.rec["attempts"]):
             return self.done("stop command succeeded")
-        failed = "stop command failed after %d attempt(s)" % len(self.rec["attempts"])
-        if self.rec["confirmed"] is False:
-            failed = "stop command exited 0 but the stop was NOT CONFIRMED after %d attempt(s)" % len(
-                self.rec["attempts"])
+        failed = "stop command failed after %d attempt(s) (%s)" % (len(self.rec["attempts"]),
+                                                                 exit_codes(self.rec["attempts"]))
+        if self.rec["confirmed"] is False:   # the real exit codes, not "exited 0" (finding N12)
+            failed = "the stop was NOT CONFIRMED after %d attempt(s) (%s)" % (
+                len(self.rec["attempts"]), exit_codes(self.rec["attempts"]))
         fallback, fb_argv = self.usable_fallback(command)
         if fallback:
             self.log("%s; running the fallback %r" % (failed, fallback))
@@ -526,7 +586,10 @@ class Engine(object):
                              self.rec["fallback"]["attempts"]):
                 self.rec["fallback"]["ok"] = True
                 return self.done("%s; the fallback stop command succeeded" % failed)
-            failed += " and the fallback failed too"
+            failed += " and the fallback %s (%s)" % (
+                "was NOT CONFIRMED by the provider's state" if self.rec["fallback"]["attempts"] and all(
+                    a.get("rc") == 0 for a in self.rec["fallback"]["attempts"]) else "failed too",
+                exit_codes(self.rec["fallback"]["attempts"]))
         self.rec["ok"] = False
         self.rec["message"] = "%s; the meter may still be running" % failed
         self.escalate(self.rec["message"])
@@ -542,6 +605,12 @@ class Engine(object):
         return 0
 
 
+def exit_codes(attempts):
+    """'exit codes 1, 1, 1' (a timeout says so): what the attempts really ended with (N12)."""
+    codes = ["timed out" if a.get("timed_out") else str(a.get("rc")) for a in attempts or []]
+    return ("exit code%s %s" % ("" if len(codes) == 1 else "s", ", ".join(codes))) if codes else "no attempt ran"
+
+
 def notifier(base_fields, events=None):
     """send(event, fields) through notify.py (bounded, never raising), or None when it is absent. EVENTS is
     the run's own event list (runrec.notify_events; None: every event the targets take).
@@ -552,10 +621,10 @@ def notifier(base_fields, events=None):
         return None
 
     def send(event, fields):
-        try:
-            return notify.emit(event, dict(base_fields, **fields), timeout=5, events=events)
+        try:   # every field redacted: an error a provider echoed the key into is told as ***
+            return notify.emit(event, core.redact_doc(dict(base_fields, **fields)), timeout=5, events=events)
         except Exception as exc:  # noqa: BLE001  a message never ends the stop sequence
-            return {"error": str(exc)[:200]}
+            return {"error": core.redact(str(exc))[:200]}
     return send
 
 
