@@ -197,7 +197,8 @@ def test_finding_field_N2_the_boot_sweep_rearms_a_finished_run_whose_deadman_had
     other = finished(box.durable / "runs" / "n2b")
     stop, calls = stand_in(tmp_path)
     fg = deadman("arm", "--run-dir", other, "--poll-seconds", POLL, "--foreground", "--grace-minutes", "0",
-                 "--stop-cmd", stop, "--confirm-seconds", "0.3", "--retries", "1", env=box.env, timeout=60)
+                 "--stop-cmd", stop, "--confirm-seconds", "0.3", "--retries", "1", "--stop-retry-minutes", "0",
+                 env=box.env, timeout=60)
     assert fg.returncode == 1 and read(other / "DEADMAN_FIRED.json")["confirmed"] is False, fg.stderr
     box.runs.append("n2b")   # cleanup disarms and ends what the sweep arms
     sweep = subprocess.run([sys.executable, BOOT, "--runs-dir", str(box.durable / "runs"), "--json"],

@@ -123,8 +123,9 @@ def test_finding_review_B1_a_full_durable_disk_never_keeps_the_stop_from_running
         deadline = time.monotonic() + 30
         while not (run / "deadman.json").exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        subprocess.run(["dd", "if=/dev/zero", "of=%s" % (mnt / "fill"), "bs=64k"], capture_output=True)
-        assert subprocess.run(["sh", "-c", "echo x > %s/probe" % mnt], capture_output=True).returncode != 0
+        fill = subprocess.run(["dd", "if=/dev/zero", "of=%s" % (mnt / "fill"), "bs=64k"], capture_output=True)
+        # the disk was full when dd stopped (a probe write after it could race the dead-man giving up its reserve)
+        assert fill.returncode != 0 and b"No space left" in fill.stderr, fill.stderr
         _out, err = armed.communicate(timeout=60)
         assert armed.returncode == 0, err
         assert calls_of(calls) == ["stop "], "the stop did not run on a full disk"

@@ -478,8 +478,8 @@ def main(argv=None):
         log("measuring %s ..." % name)
         try:
             results.append(fn())
-        except (Failed, OSError, subprocess.SubprocessError, ValueError) as exc:
-            results.append(figure(name, None, target, False, "FAILED: %s" % exc))
+        except Exception as exc:  # noqa: BLE001  a broken step is reported as FAILED, the other figures still run
+            results.append(figure(name, None, target, False, "FAILED: %s: %s" % (type(exc).__name__, exc)))
 
     def immediate():
         took = bench.immediate_exit(repeat)
