@@ -141,7 +141,7 @@ def has_main_block(path):
     return False
 
 
-# The core answers `--version` (rgt.py push) and `--run-state` (teardown_gate.py): not a tool a person calls.
+# The core answers `--version` (rgt.py push) and `--default` (the shell scripts): not a tool a person calls.
 @pytest.mark.parametrize("path", [p for p in LIBRARY_PATHS if p.name != "rgt_core.py"], ids=lambda p: p.name)
 def test_a_library_module_has_no_command_line(path):
     """The help checks skip LIBRARY_MODULES and TOOL_LIBRARIES; that is only right while they cannot be run."""
