@@ -789,18 +789,27 @@ def run_dir_of(root):
     return None
 
 
+# What the node runs for run_activity: runrec's rule, streamed with the core (nothing is written there).
+RUN_STATE_ENTRY = ("import sys, rgt_core, runrec\n"
+                   "rgt_core.emit_json(runrec.run_activity(sys.argv[sys.argv.index('--run-state') + 1]))\n")
+
+
+def run_state_program() -> bytes:
+    """The program `python3 - --run-state RUN_DIR` reads on the node: the core and runrec, then RUN_STATE_ENTRY."""
+    return core.streamed_program(os.path.join(HERE, "node", "runrec.py"), modules=("rgt_core", "runrec"),
+                                 entry=RUN_STATE_ENTRY)
+
+
 def run_activity(host, run_dir: str, rsh) -> dict:
-    """rgt_core.run_activity for RUN_DIR on the node (the core streamed to `python3 -`, nothing written there),
-    or here for a local run dir. Raises FetchError when the node does not answer."""
-    script = os.path.join(HERE, "node", "rgt_core.py")
+    """runrec.run_activity for RUN_DIR on the node (streamed to `python3 -`, nothing written there), or here,
+    in this process, for a local run dir. Raises FetchError when the node does not answer."""
     if host is None:
-        argv, payload = [sys.executable, script, "--run-state", os.path.expanduser(run_dir)], None
-    else:
-        argv = rsh_argv(rsh) + [host, "python3 - --run-state " + remote_quote(run_dir)]
-        payload = core.streamed_program(script, modules=())
+        import runrec
+        return runrec.run_activity(os.path.expanduser(run_dir))
+    argv = rsh_argv(rsh) + [host, "python3 - --run-state " + remote_quote(run_dir)]
+    payload = run_state_program()
     try:
-        done = subprocess.run(argv, input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
-                              stdin=None if payload is not None else subprocess.DEVNULL)
+        done = subprocess.run(argv, input=payload, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
         doc = json.loads(done.stdout.decode("utf-8", "replace"))
         if not isinstance(doc, dict) or "live" not in doc:
             raise ValueError("no answer")

@@ -60,7 +60,8 @@ default the recorded one).
 Exit codes (repro.py): 0 written; 2 usage (an --out inside RUN_DIR or already there included); 3 refused (no env.json or run.json, code not pinned,
 a patch whose hash is not the recorded one, nothing to compare).
 Exit codes (the script): 0 reproduced within tolerance; 1 numbers differ or the re-run failed;
-2 usage (WORKDIR exists); 3 cannot reproduce (commit missing, patch or data mismatch, --strict-env).
+2 usage (WORKDIR exists); 3 refused: it cannot reproduce, so it stops before the re-run (commit missing, patch or data
+mismatch, --strict-env).
 """
 import math
 import os
@@ -444,7 +445,7 @@ def main(argv=None):
               "\"$RGT_PY\" \"$RGT_HOME/scripts/node/run_env.py\" \"$NEW_RUN\" --python \"$JOB_PY\" "
               "--cwd \"$SRC/$SUB\" --compare \"$ORIG_RUN/env.json\"",
               "rc=$?",
-              "[ \"$rc\" -ne 3 ] || die \"the data differs from what the run used: the numbers cannot match\"",
+              "[ \"$rc\" -ne %d ] || die \"the data differs from what the run used: the numbers cannot match\"" % run_env.DATA_DIFFERS,
               "[ \"$rc\" -eq 0 ] || [ \"$STRICT_ENV\" = 0 ] || die \"the environment differs (--strict-env)\"",
               "[ \"$rc\" -le 1 ] || die \"run_env.py failed (exit $rc)\"",
               "", "echo \"[4/5] re-run\"",

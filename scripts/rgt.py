@@ -72,7 +72,7 @@ settle (another toolkit version on the node, busybox tools) is asked of the node
 
 sweep: before a box that ran several runs is released, final_sweep.py on it over the runs dirs the ledger
 knows for HOST (or --durable-dir's): every run verified on durable storage, stale ones synced again, what
-cannot be saved listed; its exit codes pass through (0 every run saved, 1 not, 3 --check-only found work).
+cannot be saved listed; its exit codes pass through (0 every run saved, 1 not, 4 --check-only found work).
 A run that produced nothing (it crashed before its first save) blocks it until you acknowledge it with --ack RID:
 it then reads ACKED and its record and logs are saved alone, so `rgt.py pull HOST RID` brings the crash log home.
 
@@ -103,10 +103,12 @@ every file matches the version stamp; the command prints the version the node no
 
 Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
 may be missing a run); 2 usage or bad input (resume: also a ledger that cannot be written, checked
-before the node acts); 3 a gate refused; status passes run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man
-fired, ...); billing exits 4 when its view is incomplete (billing.py); 12 launch refused: the ledger cannot record it (read-only, full disk), so nothing was
+before the node acts); 3 refused (a gate, a resume, a pull over other content), never anything else; status passes
+run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man fired, 8 finished but UNWATCHED); sweep
+4 --check-only found work, billing 4 its view is incomplete (billing.py); 10 patrol escalates; 12 launch refused: the ledger cannot record it (read-only, full disk), so nothing was
 started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool
 with them and exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
+`rgt.py COMMAND --help` ends with that command's own codes.
 """
 import os
 import subprocess
@@ -1203,6 +1205,50 @@ def global_options(parser, suppress):
 
 
 EXIT_EPILOG = core.exit_codes_epilog(__doc__)
+# Each command's own codes (review D9): the ones it makes, and those of the node or laptop tool whose exit code it
+# passes on (that tool's docstring says them first). Every ssh command adds 255; any command exits 1 on a check
+# that failed here (an ssh timeout, an answer that is not JSON) and 2 on usage.
+_SSH = "; 255 ssh could not reach HOST (nothing ran there)."
+_SIGNAL = "; 130 or 143 killed by SIGINT or SIGTERM (the tool stops with it)"
+COMMAND_EXITS = {
+    "push": "0 pushed, and the node's toolkit verified as this version; 1 the copy or the node's version check "
+            "failed; 2 usage (a forced transport missing); 3 refused: this checkout's node toolkit is not one "
+            "version (run tools/stamp_node.py)" + _SSH,
+    "probe": "node_probe.py's: 0 probe done, every requested gate passed; 1 the probe could not run; 2 usage or "
+             "bad input; 3 a gate refused (each reason on stderr)" + _SSH,
+    "launch": "run_one.sh's: 0 launched (with --wait: the job and its sync succeeded; a failed job's own code); "
+              "1 the supervisor could not be started (with --wait: the sync failed); 2 usage; 3 a gate refused "
+              "(disk floor, durable dir, GPU, a live run or dead-man on the run dir); 12 refused before the node "
+              "acts: the ledger cannot record the launch (read-only, full disk), nothing started" + _SSH,
+    "status": "run_status.py's, passed through: 0 succeeded; 1 failed, sync_failed or interrupted; 2 usage, not a "
+              "run dir or unreadable state; 4 running (or syncing); 5 starting; 6 stalled; 7 dead-man fired; "
+              "8 finished but UNWATCHED (the dead-man is down or exited and never fired)" + _SSH,
+    "patrol": "0 every run healthy, in progress or cleanly done; 1 a check failed here; 2 usage; 10 escalate "
+              "(stalled, failed, sync_failed, dead-man fired or down, finished but unwatched, disk below "
+              "--min-free-gb, a run the ledger cannot place)" + _SSH,
+    "logs": "0 the log's tail was printed; 1 the node could not read it; 2 usage" + _SSH,
+    "ack": "deadman.py ack's: 0 written; 1 the node could not run it; 2 usage (a bad run id or value)" + _SSH,
+    "resume": "boot_resume.py --run's: 0 resumed (with --dry-run: it would be); 1 something could not be done "
+              "(its line says what); 2 usage, or a ledger that cannot be written (checked before the node acts); "
+              "3 refused (an attempt still live, succeeded, past the attempt cap or --give-up-hours, a restart "
+              "that would supersede verified outputs)" + _SSH,
+    "pull": "pull_verified.py's: 0 verified and promoted (or already here, the same); 1 a check failed "
+            "(nothing promoted); 2 usage or bad environment; 3 refused: DEST/RID exists with other content"
+            + _SIGNAL + _SSH,
+    "gate": "teardown_gate.py's: 0 pass, safe to stop the meter; 1 a check failed here; 2 usage or bad input; "
+            "3 refused (every reason listed; a gate that died before its verdict is refused too)" + _SIGNAL + _SSH,
+    "sweep": "final_sweep.py's: 0 every run saved and verified, or acknowledged; 1 a run is RUNNING, in CONFLICT, "
+             "unsynced or unverified; 2 usage (no run of HOST in the ledger); 4 --check-only found runs that need "
+             "a sync" + _SSH,
+    "ledger": "0 listed; 1 a torn row was found (the list may be missing a run); 2 usage",
+}
+
+
+def command_epilog(name, before=None):
+    """NAME's --help closing paragraph, from COMMAND_EXITS (after BEFORE, a paragraph of its own)."""
+    codes = "Exit codes (rgt.py %s): %s" % (name, COMMAND_EXITS[name].rstrip("."))
+    import textwrap
+    return (before + "\n\n" if before else "") + textwrap.fill(codes + ".", 110, break_on_hyphens=False)
 LAUNCH_EPILOG = """the job, and what goes to run_one.sh:
   rgt.py launch HOST --profile P --run-id RID -- CMD [ARGS...]
   rgt.py launch HOST --profile P --run-id RID -- RUN_ONE_ARGS... -- CMD [ARGS...]
@@ -1254,7 +1300,7 @@ def build_parser(only=None):
 
     def host_cmd(name, help_text, run_id=False, epilog=None):
         p = sub.add_parser(name, help=help_text, parents=[shared],
-                           epilog=(epilog + "\n\n" if epilog else "") + EXIT_EPILOG,
+                           epilog=command_epilog(name, epilog),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("host", help="ssh alias or user@host")
         if run_id:
@@ -1337,7 +1383,7 @@ def build_parser(only=None):
         notify_cli.add_parser(sub, shared)
     if wanted("ledger"):
         p = sub.add_parser("ledger", help="runs and boxes not yet through the teardown gate", parents=[shared],
-                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_EPILOG)
+                           formatter_class=argparse.RawDescriptionHelpFormatter, epilog=command_epilog("ledger"))
         p.add_argument("--all", action="store_true", help="also list runs that passed the gate")
     if wanted("billing"):
         import billing  # `rgt.py billing` runs billing.run(), so its exit codes are billing.py's

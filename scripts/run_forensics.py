@@ -97,8 +97,8 @@ Sources read in a run dir (walked 4 levels deep; previous/ attempts and logs/ ar
   wandb:ENTITY/PROJECT/RUN_ID (or wandb:ENTITY/PROJECT for list): the W&B API, only when
                  WANDB_API_KEY is set in the environment (the key is never printed)
 
-Exit codes: 0 ok; 1 curve findings that warrant a look; 2 usage; 3 a needed package is missing
-or the run has no readable source for the metric; 4 plot without matplotlib. list and plot exit 3 as
+Exit codes: 0 ok; 1 curve findings that warrant a look; 2 usage; 4 plot without matplotlib; 5 a needed package is
+missing or the run has no readable source for the metric (3 is only for refusals). list and plot exit 5 as
 curve does when none of the runs has the metric, or (list without --metric) has any metric at all,
 e.g. a run with no source; runs that have one are still printed or drawn, the others shown as MISSING /
 NO METRICS. plot draws findings, it does not judge them: 0 with spikes on the picture (curve exits 1).
@@ -121,7 +121,7 @@ import run_env  # noqa: E402  (clean_url: a W&B record's git remote may hold a c
 import runrec  # noqa: E402  (attempt_number: the attempts a run dir's previous/ holds)
 
 PROG = "run_forensics.py"
-EXIT_MISSING = 3
+EXIT_MISSING = 5   # nothing to read: not a refusal, so not 3 (review D9)
 STEP_KEYS = ("step", "global_step", "_step", "iteration", "iter", "epoch")
 SKIP_DIRS = {"previous", "logs", "__pycache__", "node_modules", ".git"}
 MAX_DEPTH = 4
@@ -147,7 +147,7 @@ HIGHER = {"acc", "accuracy", "top1", "top5", "f1", "auc", "auroc", "auprc", "pre
 
 
 class Missing(Exception):
-    """A package or source the answer needs is not there: exit 3."""
+    """A package or source the answer needs is not there: exit EXIT_MISSING (5)."""
 
 
 def note(line):
@@ -1069,7 +1069,7 @@ def cmd_list(args):
         for entry in rows:
             for line in entry["notes"]:
                 note("NOTE %s: %s" % (entry["name"], line))
-    if missing == len(rows):  # as curve: nothing to show is exit 3, never a quiet 0
+    if missing == len(rows):  # as curve: nothing to show is exit 5, never a quiet 0
         unreadable = [r for r in runs if r.unreadable]
         hints = [log_hint(r, args.log_regex or ()) for r in runs]
         hint = "; " + "; ".join(unreadable[0].notes) if unreadable else next((h for h in hints if h), "")

@@ -68,6 +68,7 @@ import destructive  # noqa: E402  (what the node's destructive gate accepts as a
 import evidence  # noqa: E402  (the node's manifest format; local side only)
 import pull_verified as pv  # noqa: E402
 import rgt_core as core  # noqa: E402
+import runrec  # noqa: E402  (run_activity: is any attempt of the run still live)
 import sync as node_sync  # noqa: E402  (where a run's kept generations live)
 
 # The gate proves one run; a box that ran a queue or a sweep holds others the pull never listed.
@@ -77,6 +78,7 @@ SWEEP_HINT = ("  this gate covers run %s only: if the box ran other runs, first 
 
 # The run's place on the node, and whether it still runs there: pull_verified.py owns both (it asks too).
 results_root, run_dir_of, run_activity = pv.results_root, pv.run_dir_of, pv.run_activity
+run_state_program = pv.run_state_program
 
 
 def runs_dir_of(source):

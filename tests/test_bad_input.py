@@ -393,7 +393,7 @@ CASES = [
     ("scripts/run_forensics.py", ["curve", "{tmp}", "--metric", ""], nothing, 2, "--metric is empty"),
     ("scripts/run_forensics.py", ["list", "{tmp}", "--metric", "lr"], nothing, 2, "give --mode"),
     ("scripts/run_forensics.py", ["diff", "{file}", "{tmp}"], nothing, 2, "is not a directory"),
-    ("scripts/run_forensics.py", ["curve", "{rd}", "--metric", "loss"], run_dir_with(run__json=b"\xff{"), 3,
+    ("scripts/run_forensics.py", ["curve", "{rd}", "--metric", "loss"], run_dir_with(run__json=b"\xff{"), 5,
      "no source logs"),
     ("scripts/run_forensics.py", ["steps"], nothing, 2, "required: FILE"),
     ("scripts/run_forensics.py", ["steps", "{missing}"], nothing, 2, "is not a file"),
@@ -406,7 +406,7 @@ CASES = [
      "names no metric"),
     ("scripts/run_forensics.py", ["steps", "{file}", "--log-regex", r"a (?P<step>\d+) (?P<x>\S+)", "--log-regex",
                                   r"b (?P<step>\d+) (?P<x>\S+)"], nothing, 2, "both name 'x'"),
-    ("scripts/run_forensics.py", ["list", "{rd}"], run_dir_with(job__log="iter 1: loss 2.5\n"), 3,
+    ("scripts/run_forensics.py", ["list", "{rd}"], run_dir_with(job__log="iter 1: loss 2.5\n"), 5,
      "--log-regex"),
     # repro.py
     ("scripts/repro.py", [], nothing, 2, "required: RUN_DIR"),

@@ -57,7 +57,7 @@ def test_sweep_finds_syncs_and_verifies_every_run(box):  # noqa: F811
 
     before = {p: p.read_bytes() for p in (box.durable / "results").rglob("*") if p.is_file()}
     code, checked = sweep(box.env, runs, "--check-only")
-    assert code == 3, checked
+    assert code == 4, checked
     assert checked["clean"]["verdict"] == "OK"
     assert {n: checked[n]["verdict"] for n in ("damaged", "crashed")} == dict.fromkeys(
         ("damaged", "crashed"), "STALE")

@@ -59,14 +59,20 @@ def items_without_help(text):
     return out
 
 
-def subcommands(text):
+def subcommands(text, prog=None):
     """Subcommand names: from the usage line ({a,b,c}), else the four-space entries argparse lists under a
-    positional with a metavar (COMMAND)."""
+    positional with a metavar (COMMAND), else (a --help that prints its docstring, launcher.py's) the
+    docstring's Usage lines `  PROG SUB ...`."""
     m = re.search(r"\{([a-z][a-z0-9_-]*(?:,[a-z][a-z0-9_-]*)*)\}", text.split("\n\n")[0])
     if m:
         return m.group(1).split(",")
     section = re.search(r"^positional arguments:\n((?:  .*\n?)+)", text, re.M)
-    return re.findall(r"^    ([a-z][a-z0-9_-]*)(?:\s{2,}|$)", section.group(1), re.M) if section else []
+    if section:
+        return re.findall(r"^    ([a-z][a-z0-9_-]*)(?:\s{2,}|$)", section.group(1), re.M)
+    if prog:
+        found = re.findall(r"^  %s ([a-z][a-z0-9_-]*)\b" % re.escape(prog), text, re.M)
+        return list(dict.fromkeys(found))
+    return []
 
 
 def ends_with_exit_codes(text):
@@ -81,7 +87,7 @@ def help_problems(path):
     if rc != 0 or not text.strip():
         return ["%s --help exits %d with %d chars on stdout" % (path.name, rc, len(text))]
     pages = [(path.name, text)]
-    for sub in subcommands(text):
+    for sub in subcommands(text, path.name):
         rc, more = run_help([sys.executable, str(path), sub])
         if rc != 0:
             problems.append("%s %s --help exits %d" % (path.name, sub, rc))
@@ -135,7 +141,7 @@ def has_main_block(path):
     return False
 
 
-# The core answers `--version` (rgt.py push) and `--run-state` (teardown_gate.py): not a tool a person calls.
+# The core answers `--version` (rgt.py push) and `--default` (the shell scripts): not a tool a person calls.
 @pytest.mark.parametrize("path", [p for p in LIBRARY_PATHS if p.name != "rgt_core.py"], ids=lambda p: p.name)
 def test_a_library_module_has_no_command_line(path):
     """The help checks skip LIBRARY_MODULES and TOOL_LIBRARIES; that is only right while they cannot be run."""
@@ -203,3 +209,99 @@ def test_a_tool_without_help_text_fails(tmp_path):
                     'p.add_argument("--json", action="store_true")\np.parse_args()\n')
     problems = help_problems(tool)
     assert any("--json" in p for p in problems) and any("exit codes" in p for p in problems)
+
+
+# ---------------------------------------------------------------- review D9: each command's own exit codes
+
+RGT = SCRIPTS / "rgt.py"
+# rgt.py COMMAND -> (the tool whose exit code it passes on, the line of that tool's "Exit codes" paragraph that
+# applies, or None for all of it), and the codes rgt.py itself adds (read from its constants, not written here).
+PASSES_ON = {"probe": (NODE / "node_probe.py", None), "launch": (NODE / "run_one.sh", None),
+             "status": (NODE / "run_status.py", None), "ack": (NODE / "deadman.py", "ack"),
+             "resume": (NODE / "boot_resume.py", None), "pull": (SCRIPTS / "pull_verified.py", None),
+             "gate": (SCRIPTS / "teardown_gate.py", None), "sweep": (NODE / "final_sweep.py", None),
+             "notify": (SCRIPTS / "notify_cli.py", None), "billing": (SCRIPTS / "billing.py", None)}
+CODE = re.compile(r"(?:^|[;:,]\s*|\n\s*|\s{2,})(\d{1,3})\s+(?=[-a-zA-Z(])")
+
+
+def exit_paragraph(path):
+    """The 'Exit codes' paragraph of a tool's docstring (a shell script's comment header)."""
+    if path.suffix == ".sh":
+        lines = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in path.read_text().splitlines()
+                 if ln.startswith("#")]
+        doc = "\n".join(lines)
+    else:
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")), clean=False) or ""
+    return next((p for p in re.split(r"\n\s*\n", doc) if p.lstrip().lower().startswith("exit codes")), "")
+
+
+def tool_codes(path, line=None):
+    text = exit_paragraph(path)
+    if line:
+        text = next(ln for ln in text.splitlines() if ln.strip().startswith(line))
+    return set(CODE.findall(text))
+
+
+def command_codes(name):
+    """Every code `rgt.py NAME` can return: its tool's, rgt.py's own for that command, and the shared ones."""
+    import rgt
+    codes = {"0", "2"}
+    if name in PASSES_ON:
+        codes |= tool_codes(*PASSES_ON[name])
+    if name not in ("ledger", "billing"):
+        codes |= {str(rgt.SSH_UNREACHABLE), "1"}
+    codes |= {"patrol": {str(rgt.PATROL_ESCALATE)}, "launch": {str(rgt.LEDGER_REFUSED)},
+              "pull": {"130", "143"}, "gate": {"130", "143"}, "ledger": {"1"}}.get(name, set())
+    return codes
+
+
+def test_finding_review_D9_each_rgt_command_ends_with_its_own_exit_codes():
+    """patrol --help named no 10, status --help no 8: every command printed rgt's one shared paragraph."""
+    sys.path.insert(0, str(SCRIPTS))
+    import rgt
+    pages = {}
+    for name in rgt.COMMANDS:
+        if name == "reap":
+            continue   # scripts/reap.py's own parser answers `rgt.py reap --help` (held by the check above)
+        rc, page = run_help([sys.executable, str(RGT), name])
+        assert rc == 0 and ends_with_exit_codes(page), (name, page[-300:])
+        paragraph = re.split(r"\n\s*\n", page.strip())[-1]
+        named = set(re.findall(r"(?<![\w.-])(\d{1,3})(?![\w.])", paragraph))
+        missing = command_codes(name) - named
+        assert not missing, "rgt.py %s --help leaves out exit code(s) %s:\n%s" % (name, sorted(missing), paragraph)
+        pages[name] = paragraph
+    # one paragraph each, not the same one printed for all
+    assert len(set(pages.values())) == len(pages), "two commands share one exit-codes paragraph"
+    assert "UNWATCHED" in pages["status"] and "escalate" in pages["patrol"]
+
+
+def test_finding_review_D9_exit_3_means_only_a_refusal():
+    """Exit 3 meant 'nothing to read' (run_forensics), 'work to do' (final_sweep --check-only) and 'differs'
+    (run_env --compare): every tool's documented 3 is now a refusal, and the codes moved are the ones used."""
+    tools = sorted(SCRIPTS.glob("*.py")) + sorted(NODE.glob("*.py")) + sorted(NODE.glob("*.sh")) \
+        + sorted(TOOLS.glob("*.py"))
+    other = []
+    for path in tools:
+        for m in re.finditer(r"(?:^|[;:,]\s*|\n\s*|\s{2,})3\s+([^;\n]*)", exit_paragraph(path)):
+            if "refus" not in m.group(1).lower():
+                other.append("%s: 3 %s" % (path.name, m.group(1)[:80]))
+    assert other == []
+    sys.path.insert(0, str(SCRIPTS))
+    import final_sweep
+    import run_env
+    import run_forensics
+    assert (final_sweep.NEEDS_SYNC, run_env.DATA_DIFFERS, run_forensics.EXIT_MISSING) == (4, 4, 5)
+
+
+def test_finding_review_D9_the_guard_reads_launcher_subcommands():
+    """launcher.py --help prints its docstring, so the guard found no subcommand page to check (74 bare options)."""
+    rc, text = run_help([sys.executable, str(NODE / "launcher.py")])
+    assert rc == 0
+    assert subcommands(text, "launcher.py") == ["prepare", "start", "init", "fail", "report"]
+    assert help_problems(NODE / "launcher.py") == []
+
+
+def test_the_code_reader_reads_every_layout():
+    assert tool_codes(NODE / "run_status.py") == {"0", "1", "2", "4", "5", "6", "7", "8"}
+    assert tool_codes(NODE / "deadman.py", "ack") == {"0", "2"}
+    assert "9" not in tool_codes(SCRIPTS / "pull_verified.py")   # "kill -9" is no exit code

@@ -180,8 +180,10 @@ def test_finding_field_R2_a_resume_that_cannot_resume_keeps_the_verified_generat
     assert verify(kept) == [] and verify(results) == []
     assert "kept generation 1" in (run_dir / "job.log").read_text()
     # what the gate reads on the node: which generation the results hold, and the kept ones
-    state = subprocess.run([sys.executable, str(NODE / "rgt_core.py"), "--run-state", str(run_dir)],
-                           capture_output=True, text=True, timeout=60)
+    sys.path.insert(0, str(SCRIPTS))
+    import teardown_gate   # the program the gate streams to the node (runrec's run_activity, with the core)
+    state = subprocess.run([sys.executable, "-", "--run-state", str(run_dir)], input=teardown_gate.run_state_program(),
+                           capture_output=True, timeout=60)
     assert json.loads(state.stdout)["generation"] == {"attempt": 2, "kept": [str(kept)],
                                                       "why": {str(kept): sync["kept_generation"]["why"]}}
 

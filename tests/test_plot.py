@@ -98,13 +98,13 @@ def test_plot_notes_attempts_it_cannot_place(two_runs, tmp_path):
     assert res.returncode == 0 and "no step was logged twice" in res.stderr
 
 
-def test_plot_bad_input_is_one_line_and_exit_2_or_3(two_runs, tmp_path):
+def test_plot_bad_input_is_one_line_and_exit_2_or_5(two_runs, tmp_path):
     need_module("matplotlib")
     a, _b = two_runs
     cases = [(("--out", tmp_path / "x.jpg"), 2, ".png"), (("--out", tmp_path / "no" / "x.png"), 2, "does not exist"),
              (("--out", tmp_path / "x.png", "--size", "10x10"), 2, "WIDTHxHEIGHT"),
              (("--out", tmp_path / "x.png", "--metric", "thing"), 2, "--mode"),
-             (("--out", tmp_path / "x.png", "--metric", "val/acc"), 3, "no run has")]
+             (("--out", tmp_path / "x.png", "--metric", "val/acc"), 5, "no run has")]
     for extra, code, words in cases:
         args = list(extra) if "--metric" in extra else list(extra) + ["--metric", "loss"]
         res = forensics("plot", a, *args)

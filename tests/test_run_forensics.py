@@ -140,13 +140,13 @@ def test_missing_tensorboard_is_one_note_and_exit_3(tb_run, tmp_path):
     (shadow / "__init__.py").write_text("raise ImportError('tensorboard hidden by the test')\n")
     env = dict(os.environ, PYTHONPATH=str(shadow.parent))
     res = forensics("curve", tb_run, "--metric", "val/loss", env=env)
-    assert res.returncode == 3, res.stdout + res.stderr
+    assert res.returncode == 5, res.stdout + res.stderr
     assert "tensorboard package is not installed" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
 def test_an_absent_metric_is_exit_3(tb_run):
     res = forensics("curve", tb_run, "--metric", "val/accuracy")
-    assert res.returncode == 3 and "no source logs 'val/accuracy'" in res.stderr
+    assert res.returncode == 5 and "no source logs 'val/accuracy'" in res.stderr
 
 
 # ---------------------------------------------------------------- W&B offline runs
@@ -186,7 +186,7 @@ def test_the_wandb_api_needs_a_key(tmp_path):
     env = dict(os.environ)
     env.pop("WANDB_API_KEY", None)
     res = forensics("list", "wandb:someone/project", env=env)
-    assert res.returncode == 3 and "WANDB_API_KEY" in res.stderr
+    assert res.returncode == 5 and "WANDB_API_KEY" in res.stderr
 
 
 # ---------------------------------------------------------------- run dirs: JSONL, CSV, run.json, env.json
@@ -273,7 +273,7 @@ def test_steps_prints_the_last_value_of_each_step(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"note": "no numbers"}\n')
     res = forensics("steps", empty)
-    assert res.returncode == 3 and "no numeric metric" in res.stderr
+    assert res.returncode == 5 and "no numeric metric" in res.stderr
 
 
 # ---------------------------------------------------------------- a trainer that logs only to stdout (job.log)
@@ -336,7 +336,7 @@ def test_without_log_regex_a_stdout_only_run_is_exit_3_for_list_and_curve_with_a
     run = pulled_stdout_run(tmp_path)
     for args in (("curve", run, "--metric", "loss"), ("list", run)):
         res = forensics(*args)
-        assert res.returncode == 3, (args, res.stdout, res.stderr)
+        assert res.returncode == 5, (args, res.stdout, res.stderr)
         (line,) = res.stderr.strip().splitlines()
         assert "--log-regex" in line and "logs/job.log" in line, line
     assert "NO METRICS" in forensics("list", run).stdout

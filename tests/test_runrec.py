@@ -7,6 +7,7 @@ D4: one run-id rule, shared by the code and the schemas; the layout derived once
 """
 import ast
 import json
+import inspect
 import re
 import subprocess
 import sys
@@ -166,12 +167,12 @@ def test_finding_review_D2_one_activity_rule_as_a_table(case, doc, rows, same_ho
     assert act["resuming"] is False
 
 
-def test_finding_review_D2_the_gates_copy_of_the_rule_agrees():
-    """rgt_core.attempt_alive travels alone to the node for the teardown gate: it answers as activity() does, so a
-    starting launch (its launcher alive) is live to the gate too."""
-    for case, doc, rows, same_host, _job, _sup, _launcher, alive in ACTIVITY:
-        if same_host:
-            assert core.attempt_alive(doc, Table(rows)) == alive, case
+def test_finding_review_D2_the_gate_reads_the_one_rule():
+    """The gate's run state is runrec.run_activity, streamed to the node with the core (review D7 removed the
+    core's copy of the rule): a starting launch whose launcher is alive is live to the gate."""
+    assert not hasattr(core, "attempt_alive") and not hasattr(core, "run_activity")
+    src = inspect.getsource(runrec.run_activity)
+    assert "activity(status)" in src
 
 
 def test_finding_review_D2_callers_use_the_one_rule():

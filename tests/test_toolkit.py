@@ -39,16 +39,33 @@ def test_the_copy_check_can_fail(tmp_path):
 
 
 def calls_check_toolkit(path):
+    """Whether PATH calls core.check_toolkit(), itself or through the node module whose main() it runs as its
+    own command line (a provider adapter runs providers.main)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
+    aliases = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "check_toolkit":
             return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "main" and isinstance(node.value, ast.Name):
+            owner = path.parent / (aliases.get(node.value.id, "") + ".py")
+            if owner != path and owner.is_file() and calls_check_toolkit(owner):
+                return True
     return False
 
 
 @pytest.mark.parametrize("path", NODE_PY, ids=lambda p: p.name)
 def test_every_node_tool_checks_the_toolkit_version(path):
     assert calls_check_toolkit(path), f"{path.name} never calls core.check_toolkit()"
+
+
+def test_a_tool_that_runs_another_tools_main_checks_through_it(tmp_path):
+    (tmp_path / "lib.py").write_text("def main(argv=None):\n    return 0\n")
+    (tmp_path / "tool.py").write_text("import functools\nimport lib as pv\n\nif __name__ == '__main__':\n"
+                                      "    functools.partial(pv.main, fixed_profile='x')()\n")
+    assert not calls_check_toolkit(tmp_path / "tool.py")
+    (tmp_path / "lib.py").write_text("import rgt_core as core\n\ndef main(argv=None):\n    core.check_toolkit()\n")
+    assert calls_check_toolkit(tmp_path / "tool.py")
 
 
 PY_IN_SHELL = re.compile(r"^\s*(import \w+|from \w+ import |def \w+\(.*\):\s*$)")

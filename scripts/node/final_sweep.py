@@ -38,7 +38,8 @@ durable storage but that crashed, was interrupted or failed its own sync. Or --j
 
 Exit codes: 0 every run's outputs are on durable storage and verify, or were acknowledged with --ack (safe to
 release, as far as the runs go: still pull and gate what you need); 1 at least one run is RUNNING, in CONFLICT, could not be
-synced or still fails verification (each listed); 2 usage; 3 --check-only found runs that need a sync.
+synced or still fails verification (each listed); 2 usage; 4 --check-only found runs that need a sync (work to do, not a
+refusal).
 """
 import functools
 import os
@@ -52,6 +53,7 @@ import runrec  # noqa: E402
 from sync import plan_outputs  # noqa: E402
 
 PROG = "final_sweep.py"
+NEEDS_SYNC = 4   # --check-only found work to do: a finding, not a refusal (review D9)
 
 
 def run_dirs(roots):
@@ -297,7 +299,7 @@ def main(argv=None):
             print("%s do not release the box yet: %d run(s) %s" % (
                 core.FAIL, len(bad) + len(stale), "need a sync (run without --check-only)" if not bad else
                 "are running or could not be saved"))
-    return 1 if bad else 3 if stale else 0
+    return 1 if bad else NEEDS_SYNC if stale else 0
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ The supervisor (supervise.py) runs the job; the durable sync is sync.py.
 
 Exit codes: 0 ok, 1 failed (the sync, the start, a job that failed: its code), 2 usage, 3 refused.
 """
+import functools
 import os
 import random
 import re
@@ -629,36 +630,81 @@ def positive(text):
     return value
 
 
+# Each option's one line for `launcher.py SUB --help` (the docstring's Usage says how they combine).
+OPTION_HELP = {
+    "--run-dir": "the run dir (prepare: default DURABLE_DIR/runs/RUN_ID)",
+    "--run-id": "the run id (prepare: default a new one)",
+    "--cwd": "the job's working directory",
+    "--results-dir": "where the durable sync puts the run's outputs",
+    "--launcher-pid": "run_one.sh's pid: the run lock's owner until a supervisor claims the run",
+    "--profile": "the platform profile (its DATA_DIR, DURABLE_DIR and meter-stop defaults)",
+    "--durable-dir": "DURABLE_DIR (a flag beats the environment, which beats the profile)",
+    "--tag": "a word for the new run id",
+    "--disk-floor-gb": "the disk gate's floor, GiB (default DISK_FLOOR_GB, else the toolkit's)",
+    "--require-gpu": "refuse unless `nvidia-smi -L` lists a GPU",
+    "--gpu-timeout": "seconds --require-gpu waits for nvidia-smi (default 15)",
+    "--output": "a glob (relative to the job's cwd) the durable sync saves; repeatable",
+    "--allow-empty": "an --output glob that may match nothing; repeatable",
+    "--stop-signal": "the signal that asks the job to stop (default TERM)",
+    "--resume-glob": "the job's checkpoint glob, for a resume adapter",
+    "--resume-arg": "the words a resume adds ({} becomes the checkpoint path)",
+    "--resume-from": "the checkpoint this attempt resumes from",
+    "--progress-regex": "a regex with (?P<step>...) that reads progress from the job's log",
+    "--auto-resume": "boot_resume.py relaunches this run after a restart",
+    "--max-attempts": "attempt cap for resumes (default 3)",
+    "--total-steps": "the run's total steps, for a trainer that prints none",
+    "--notify-events": "the events that send a notification (comma-separated)",
+    "--launch-arg": "one word of run_one.sh's own command line, kept for a resume; repeatable",
+    "--no-deadman": "start without a dead-man",
+    "--deadman-arg": "one word for `deadman.py arm`; repeatable",
+    "--words-on-stdin": "read the launch's and the job's words from stdin (NUL-terminated), never argv",
+    "--wait": "wait for the run to end and exit like run_one.sh --wait",
+    "--poll-seconds": "how often --wait looks (default 1)",
+    "--json": "one JSON object on stdout",
+    "--detach": "how the supervisor is detached: tmux or setsid",
+    "--check-deadman": "refuse (3) while a live dead-man is armed on the run dir",
+    "--message": "why the launch failed (recorded in status.json)",
+    "--deadman-pid": "the dead-man this launch armed, for the report",
+    "--dry-run": "report a launch that was not started",
+}
+
+
+def add(p, name, **kw):
+    """p.add_argument with the option's help from OPTION_HELP."""
+    kw.setdefault("help", OPTION_HELP[name])
+    return p.add_argument(name, **kw)
+
+
 def run_record_options(p):
     """The options that become run.json (init and start)."""
     for name in ("--run-dir", "--run-id", "--cwd", "--results-dir"):
-        p.add_argument(name, required=True)
-    p.add_argument("--launcher-pid", type=int, required=True)
-    p.add_argument("--profile", default="")
-    p.add_argument("--durable-dir", default="")
+        add(p, name, required=True)
+    add(p, "--launcher-pid", type=int, required=True)
+    add(p, "--profile", default="")
+    add(p, "--durable-dir", default="")
     adapter_options(p)
-    p.add_argument("--launch-arg", action="append", default=[])
-    p.add_argument("--output", action="append", default=[])
-    p.add_argument("--allow-empty", action="append", default=[])
+    add(p, "--launch-arg", action="append", default=[])
+    add(p, "--output", action="append", default=[])
+    add(p, "--allow-empty", action="append", default=[])
 
 
 def adapter_options(p):
     """The adapters for a trainer we did not write (prepare checks them, init records them)."""
-    p.add_argument("--stop-signal", choices=STOP_SIGNALS, default="TERM")
-    p.add_argument("--resume-glob", default="")
-    p.add_argument("--resume-arg", default="")
-    p.add_argument("--resume-from", default="")
-    p.add_argument("--progress-regex", default="")
-    p.add_argument("--auto-resume", action="store_true")
-    p.add_argument("--max-attempts", type=int, default=3)
-    p.add_argument("--total-steps", type=core.arg_number(int, 1, 1e15), default=None)
-    p.add_argument("--notify-events", default="")
+    add(p, "--stop-signal", choices=STOP_SIGNALS, default="TERM")
+    add(p, "--resume-glob", default="")
+    add(p, "--resume-arg", default="")
+    add(p, "--resume-from", default="")
+    add(p, "--progress-regex", default="")
+    add(p, "--auto-resume", action="store_true")
+    add(p, "--max-attempts", type=int, default=3)
+    add(p, "--total-steps", type=core.arg_number(int, 1, 1e15), default=None)
+    add(p, "--notify-events", default="")
 
 
 def report_options(p):
-    p.add_argument("--wait", action="store_true")
-    p.add_argument("--poll-seconds", type=positive, default=1.0)
-    p.add_argument("--json", action="store_true")
+    add(p, "--wait", action="store_true")
+    add(p, "--poll-seconds", type=positive, default=1.0)
+    add(p, "--json", action="store_true")
 
 
 def words_from_stdin():
@@ -676,33 +722,35 @@ def build_parser():
     parser = core.Parser(prog="launcher.py", description="The Python half of run_one.sh (see the module docstring).")
     sub = parser.add_subparsers(dest="op", parser_class=core.Parser)
     sub.required = True
+    codes = core.exit_codes_epilog(__doc__)   # each subcommand's --help ends with the codes, as every tool's
+    sub.add_parser = functools.partial(sub.add_parser, epilog=codes, formatter_class=core.RawHelp)
     p = sub.add_parser("prepare", help="the gates, the run dir and its lock; KEY NUL VALUE NUL pairs")
     for name in ("--profile", "--run-id", "--run-dir", "--durable-dir", "--tag"):
-        p.add_argument(name, default="")
-    p.add_argument("--disk-floor-gb", type=core.arg_number(float, 0.0, 1e9), default=None)
-    p.add_argument("--require-gpu", action="store_true")
-    p.add_argument("--gpu-timeout", type=positive, default=15.0)
-    p.add_argument("--launcher-pid", type=int, required=True)
-    p.add_argument("--output", action="append", default=[])
-    p.add_argument("--allow-empty", action="append", default=[])
+        add(p, name, default="")
+    add(p, "--disk-floor-gb", type=core.arg_number(float, 0.0, 1e9), default=None)
+    add(p, "--require-gpu", action="store_true")
+    add(p, "--gpu-timeout", type=positive, default=15.0)
+    add(p, "--launcher-pid", type=int, required=True)
+    add(p, "--output", action="append", default=[])
+    add(p, "--allow-empty", action="append", default=[])
     adapter_options(p)
     p = sub.add_parser("start", help="the run record, the dead-man, the supervisor and the report")
     run_record_options(p)
-    p.add_argument("--no-deadman", action="store_true")
-    p.add_argument("--deadman-arg", action="append", default=[])
-    p.add_argument("--words-on-stdin", action="store_true")
+    add(p, "--no-deadman", action="store_true")
+    add(p, "--deadman-arg", action="append", default=[])
+    add(p, "--words-on-stdin", action="store_true")
     report_options(p)
     p = sub.add_parser("init", help="write run.json and status.json")
     run_record_options(p)
-    p.add_argument("--detach", choices=("tmux", "setsid"), required=True)
-    p.add_argument("--check-deadman", action="store_true")
+    add(p, "--detach", choices=("tmux", "setsid"), required=True)
+    add(p, "--check-deadman", action="store_true")
     p = sub.add_parser("fail", help="mark a run that never got a supervisor failed")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--message", required=True)
+    add(p, "--run-dir", required=True)
+    add(p, "--message", required=True)
     p = sub.add_parser("report", help="the launch report; --wait for the end")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--deadman-pid", type=int, default=None)
-    p.add_argument("--dry-run", action="store_true")
+    add(p, "--run-dir", required=True)
+    add(p, "--deadman-pid", type=int, default=None)
+    add(p, "--dry-run", action="store_true")
     report_options(p)
     return parser
 

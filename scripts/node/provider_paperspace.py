@@ -22,6 +22,7 @@ Usage: provider_paperspace.py {state,stop,terminate,confirm} [--timeout S] [--js
        [--destructive]   (the same commands as providers.py, profile paperspace)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
+import functools
 import re
 import sys
 import urllib.parse
@@ -104,10 +105,5 @@ def laptop_adapter(environ, home):
     return Paperspace(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL)) if key else None
 
 
-def main(argv=None):
-    core.check_toolkit()
-    return pv.main(argv, fixed_profile=NAME)
-
-
-if __name__ == "__main__":
-    sys.exit(core.run_main(main, prog="provider_paperspace.py"))
+if __name__ == "__main__":   # the providers CLI, this adapter's profile fixed (providers.main checks the toolkit)
+    sys.exit(core.run_main(functools.partial(pv.main, fixed_profile=NAME), prog="provider_paperspace.py"))

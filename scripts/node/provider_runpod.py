@@ -21,6 +21,7 @@ Usage: provider_runpod.py {state,stop,terminate,confirm} [--timeout S] [--json] 
        [--destructive]   (the same commands as providers.py, profile runpod)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
+import functools
 import os
 import re
 import sys
@@ -144,10 +145,5 @@ def config_toml_key(path):
     return None
 
 
-def main(argv=None):
-    core.check_toolkit()
-    return pv.main(argv, fixed_profile=NAME)
-
-
-if __name__ == "__main__":
-    sys.exit(core.run_main(main, prog="provider_runpod.py"))
+if __name__ == "__main__":   # the providers CLI, this adapter's profile fixed (providers.main checks the toolkit)
+    sys.exit(core.run_main(functools.partial(pv.main, fixed_profile=NAME), prog="provider_runpod.py"))

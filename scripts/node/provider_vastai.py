@@ -23,6 +23,7 @@ Usage: provider_vastai.py {state,stop,terminate,confirm} [--timeout S] [--json] 
        [--destructive]   (the same commands as providers.py, profile vastai)
 Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
+import functools
 import json
 import os
 import sys
@@ -149,10 +150,5 @@ def laptop_adapter(environ, home):
     return VastAI(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL)) if key else None
 
 
-def main(argv=None):
-    core.check_toolkit()
-    return pv.main(argv, fixed_profile=NAME)
-
-
-if __name__ == "__main__":
-    sys.exit(core.run_main(main, prog="provider_vastai.py"))
+if __name__ == "__main__":   # the providers CLI, this adapter's profile fixed (providers.main checks the toolkit)
+    sys.exit(core.run_main(functools.partial(pv.main, fixed_profile=NAME), prog="provider_vastai.py"))

@@ -1126,15 +1126,6 @@ DEADMAN_FIRED_FILE = "DEADMAN_FIRED.json"
 
 
 
-def attempt_alive(status, procs=HERE):
-    """Whether the job, supervisor or launcher a status.json records is still that same process: runrec.activity's
-    rule (a test holds them equal), here for the teardown gate's run_activity, which travels without runrec."""
-    started = parse_iso(status.get("started_at"))
-    return any(record_alive(status.get(role + "_identity"), status.get(role + "_pid"), started, procs)
-               for role in ("job", "supervisor", "launcher")
-               if status.get(role + "_pid") or isinstance(status.get(role + "_identity"), dict))
-
-
 def lock_held(path, exclusive=False):
     """Whether another process holds a flock on PATH now (a shared one counts only when EXCLUSIVE is asked)."""
     try:
@@ -1149,65 +1140,6 @@ def lock_held(path, exclusive=False):
         return True
     finally:
         os.close(fd)
-
-
-def resume_in_progress(run_dir):
-    """Whether a resume holds RUN_DIR/resume.lock now (boot_resume.py is starting the next attempt)."""
-    return lock_held(os.path.join(run_dir, "resume.lock"))
-
-
-def run_activity(run_dir):
-    """Whether any attempt of the run in RUN_DIR may still run -> {"live", "state", "attempt", "why", "generation",
-    "exit_code", "error", "results_step", "total_steps"}. Live: the recorded supervisor or job is alive, a resume
-    is starting the next attempt, or the run says it is starting and has no process recorded yet. The teardown
-    gate refuses while this says live, and names the state and the generations in its verdict."""
-    if not os.path.isdir(run_dir):
-        return {"live": False, "state": None, "attempt": None, "why": "no run dir at %s" % run_dir}
-    status = read_json(os.path.join(run_dir, "status.json"))
-    state, attempt = status.get("state"), status.get("attempt")
-    out = {"live": False, "state": state, "attempt": attempt, "why": None}
-    if resume_in_progress(run_dir):
-        out.update(live=True, why="a resume is starting the next attempt")
-    elif attempt_alive(status):
-        out.update(live=True, why="attempt %s is %s (its process is alive)" % (attempt, state))
-    elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
-        out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
-    # which generation the results dir holds (the attempt whose verified sync wrote it), and the earlier ones kept
-    record = read_json(os.path.join(run_dir, "generation.json"))
-    gen = record.get("attempt")
-    sync = status.get("sync") if isinstance(status.get("sync"), dict) else {}
-    kept = [g for g in sync.get("generations") or [] if isinstance(g, str)]
-    # why each was kept (the attempt after it did not continue it): generation.json's list, and this attempt's
-    why = dict(record["kept"]) if isinstance(record.get("kept"), dict) else {}
-    last = sync.get("kept_generation")
-    if isinstance(last, dict) and isinstance(last.get("dir"), str):
-        why[last["dir"]] = last.get("why")
-    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept,
-                         "why": {d: str(why[d]) for d in kept if why.get(d)}}
-    # how the run ended, and where its results stand (the step its last verified sync recorded, of the total
-    # heartbeat.json or the launch gave), so a gate PASS can say "interrupted at step 2 of 6"
-    code = status.get("exit_code")
-    out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) else None
-    out["error"] = status.get("error")[:300] if isinstance(status.get("error"), str) else None
-    step = sync.get("step") if isinstance(sync.get("step"), dict) else {}
-    total = read_json(os.path.join(run_dir, "heartbeat.json")).get("total_steps")
-    if not _count(total):
-        total = read_json(os.path.join(run_dir, "run.json")).get("total_steps")
-    out["results_step"] = step.get("step") if _count(step.get("step")) else None
-    out["total_steps"] = total if _count(total) else None
-    return out
-
-
-def _count(value):
-    """Whether VALUE is a plain finite non-negative number (a step or a total as a record holds it)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def active_runs(runs_dirs, exclude=()):
-    """Names of the active runs on this box (the box registry plus the run dirs under RUNS_DIRS) whose
-    supervisor or job is still that same process. EXCLUDE: run dirs to leave out. runrec owns the rule."""
-    import runrec  # runrec imports this module
-    return [n["name"] for n in runrec.active_neighbours(exclude, runs_dirs)]
 
 
 def deadman_state(run_dir, check_alive=True, procs=HERE):
@@ -1285,19 +1217,21 @@ def check_toolkit():
             EXIT_REFUSED)
 
 
-def streamed_program(main_path, modules=("rgt_core", "evidence")):
+def streamed_program(main_path, modules=("rgt_core", "evidence"), entry=None):
     """Python source that runs MAIN_PATH with the core MODULES loaded from memory, for `ssh HOST python3 -`:
     a node tool runs on a host that has no toolkit pushed, and nothing is written there. The parts come
-    from this one checkout, so the version check has nothing to compare and is skipped."""
+    from this one checkout, so the version check has nothing to compare and is skipped. ENTRY: the source to
+    run instead of MAIN_PATH's (MAIN_PATH then only names it)."""
     lines = ["import os, sys, types", "os.environ['RGT_SKIP_VERSION_CHECK'] = '1'"]
     for name in modules:
         with open(os.path.join(NODE_DIR, name + ".py"), encoding="utf-8") as handle:
             source = handle.read()
         lines.append("_m = types.ModuleType(%r); _m.__file__ = %r; sys.modules[%r] = _m; "
                      "exec(compile(%r, %r, 'exec'), _m.__dict__)" % (name, name + ".py", name, source, name + ".py"))
-    with open(main_path, encoding="utf-8") as handle:
-        source = handle.read()
-    base = os.path.basename(main_path)
+    if entry is None:
+        with open(main_path, encoding="utf-8") as handle:
+            entry = handle.read()
+    source, base = entry, os.path.basename(main_path)
     lines.append("sys.argv[0] = %r; exec(compile(%r, %r, 'exec'), {'__name__': '__main__', '__file__': %r})"
                  % (base, source, base, base))
     return ("\n".join(lines) + "\n").encode("utf-8")
@@ -1365,17 +1299,12 @@ def _main(argv=None):
     parser.add_argument("--record-interpreter", action="store_true",
                         help="with --version: write this interpreter's path to %s-<box> beside the toolkit, one "
                              "per box (rgt.py then skips a pyenv/conda shim on every later command)" % INTERPRETER_FILE)
-    parser.add_argument("--run-state", metavar="RUN_DIR",
-                        help="print whether any attempt of the run in RUN_DIR may still run (JSON; the gate asks)")
     parser.add_argument("--default", choices=sorted(DEFAULTS), metavar="NAME",
                         help="print a toolkit default: %s" % ", ".join(
                             "%s (%g)" % (k, v) for k, v in sorted(DEFAULTS.items())))
     args = parser.parse_args(argv)
     if args.default:
         print("%g" % DEFAULTS[args.default])
-        return EXIT_OK
-    if args.run_state:
-        emit_json(run_activity(args.run_state))
         return EXIT_OK
     if not args.version:
         raise UsageError("nothing to do: rgt_core.py is imported by the tools; try --version")

@@ -50,8 +50,8 @@ Usage:
   --json           print the record (or the comparison) as JSON instead of a summary line
 
 Exit codes: 0 recorded (with --compare: everything matches); 1 with --compare, the environment
-differs; 2 usage; 3 with --compare, a data fingerprint differs or a data path is missing (the
-numbers cannot be expected to match).
+differs; 2 usage; 4 with --compare, a data fingerprint differs or a data path is missing (the
+numbers cannot be expected to match; not 3, which is only for refusals).
 """
 import hashlib
 import json
@@ -415,6 +415,9 @@ def start_thread(run_dir):
     return thread
 
 
+DATA_DIFFERS = 4   # --compare: the data is not the run's (a finding, not a refusal: review D9)
+
+
 def main(argv=None):
     core.check_toolkit()
     parser = core.Parser(prog=PROG, description="Record a run's environment as RUN_DIR/env.json (see the docstring).",
@@ -467,7 +470,7 @@ def main(argv=None):
         print("%s environment %s, data %s" % ("OK" if not env and not problems else "WARN" if not problems else "FAIL",
                                              "matches" if not env else "differs in %d item(s)" % len(env),
                                              "matches" if not problems else "DIFFERS"))
-    return 3 if problems else (1 if env else 0)
+    return DATA_DIFFERS if problems else (1 if env else 0)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Schema: status.schema.json beside this file. A library module (no command line).
 import contextlib
 import hashlib
 import json
+import math
 import os
 import time
 
@@ -141,11 +142,64 @@ def activity(doc, run_dir=None, procs=None, same_host=True):
             out[role] = None
         else:
             out[role] = bool(core.record_alive(ident, pid, started, procs))
-    out["resuming"] = bool(run_dir) and same_host and core.resume_in_progress(run_dir)
+    out["resuming"] = bool(run_dir) and same_host and resume_in_progress(run_dir)
     live = [role for role in ROLES + ("resuming",) if out[role]]
     out["any"] = bool(live) if same_host else None
     out["why"] = ("%s alive" % " and ".join(live)) if live else None
     return out
+
+
+def resume_in_progress(run_dir):
+    """Whether a resume holds RUN_DIR/resume.lock now (boot_resume.py is starting the next attempt)."""
+    return core.lock_held(os.path.join(run_dir, "resume.lock"))
+
+
+def run_activity(run_dir):
+    """Whether any attempt of the run in RUN_DIR may still run -> {"live", "state", "attempt", "why", "generation",
+    "exit_code", "error", "results_step", "total_steps"}. Live: the recorded supervisor or job is alive, a resume
+    is starting the next attempt, or the run says it is starting and has no process recorded yet. The teardown
+    gate refuses while this says live, and names the state and the generations in its verdict (it streams this
+    module to the node with the core: teardown_gate.RUN_STATE_ENTRY)."""
+    if not os.path.isdir(run_dir):
+        return {"live": False, "state": None, "attempt": None, "why": "no run dir at %s" % run_dir}
+    status = core.read_json(os.path.join(run_dir, "status.json"))
+    state, attempt = status.get("state"), status.get("attempt")
+    out = {"live": False, "state": state, "attempt": attempt, "why": None}
+    if resume_in_progress(run_dir):
+        out.update(live=True, why="a resume is starting the next attempt")
+    elif any(activity(status)[role] for role in ROLES):
+        out.update(live=True, why="attempt %s is %s (its process is alive)" % (attempt, state))
+    elif state == "starting" and not (status.get("supervisor_pid") or status.get("job_pid")):
+        out.update(live=True, why="attempt %s is starting (no process recorded yet)" % attempt)
+    # which generation the results dir holds (the attempt whose verified sync wrote it), and the earlier ones kept
+    record = core.read_json(os.path.join(run_dir, "generation.json"))
+    gen = record.get("attempt")
+    sync = status.get("sync") if isinstance(status.get("sync"), dict) else {}
+    kept = [g for g in sync.get("generations") or [] if isinstance(g, str)]
+    # why each was kept (the attempt after it did not continue it): generation.json's list, and this attempt's
+    why = dict(record["kept"]) if isinstance(record.get("kept"), dict) else {}
+    last = sync.get("kept_generation")
+    if isinstance(last, dict) and isinstance(last.get("dir"), str):
+        why[last["dir"]] = last.get("why")
+    out["generation"] = {"attempt": gen if isinstance(gen, int) else None, "kept": kept,
+                         "why": {d: str(why[d]) for d in kept if why.get(d)}}
+    # how the run ended, and where its results stand (the step its last verified sync recorded, of the total
+    # heartbeat.json or the launch gave), so a gate PASS can say "interrupted at step 2 of 6"
+    code = status.get("exit_code")
+    out["exit_code"] = code if isinstance(code, int) and not isinstance(code, bool) else None
+    out["error"] = status.get("error")[:300] if isinstance(status.get("error"), str) else None
+    step = sync.get("step") if isinstance(sync.get("step"), dict) else {}
+    total = core.read_json(os.path.join(run_dir, "heartbeat.json")).get("total_steps")
+    if not _count(total):
+        total = core.read_json(os.path.join(run_dir, "run.json")).get("total_steps")
+    out["results_step"] = step.get("step") if _count(step.get("step")) else None
+    out["total_steps"] = total if _count(total) else None
+    return out
+
+
+def _count(value):
+    """Whether VALUE is a plain finite non-negative number (a step or a total as a record holds it)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def liveness(doc, fallback_pid=None, fallback_identity=None):
