@@ -68,7 +68,6 @@ import destructive  # noqa: E402  (what the node's destructive gate accepts as a
 import evidence  # noqa: E402  (the node's manifest format; local side only)
 import pull_verified as pv  # noqa: E402
 import rgt_core as core  # noqa: E402
-import runrec  # noqa: E402  (run_activity: is any attempt of the run still live)
 import sync as node_sync  # noqa: E402  (where a run's kept generations live)
 
 # The gate proves one run; a box that ran a queue or a sweep holds others the pull never listed.
