@@ -245,7 +245,11 @@ def stop_box(box, opts, action="stop"):
     provider, ident = box["instance"]
     adapter = providers.laptop_adapter(provider)
     adapter.instance_id = ident
-    return providers.stop_and_confirm(adapter, action, poll_s=opts.poll_seconds, cap_s=opts.cap_seconds,
+    # the node's confirmation rule (finding C5), with the same $RGT_PROVIDER_CONFIRM_READS/_SPAN_S overrides
+    confirm = {"reads": providers.env_default(providers.READS_ENV, int, providers.DEFAULT_CONFIRM_READS, 1, 1000),
+               "span_s": providers.env_default(providers.SPAN_ENV, float, providers.DEFAULT_CONFIRM_SPAN_S, 0.0,
+                                               3600.0)}
+    return providers.stop_and_confirm(adapter, action, poll_s=opts.poll_seconds, cap_s=opts.cap_seconds, **confirm,
                                       request_timeout=opts.timeout)
 
 

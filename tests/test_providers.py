@@ -267,7 +267,7 @@ def test_provider_cli_confirms_and_never_prints_the_key(tmp_path, provider):
         env = node_env(tmp_path, provider, api)
         state = subprocess.run([sys.executable, str(tool), "state", "--json"], env=env, capture_output=True,
                                text=True, timeout=60)
-        cmd = [sys.executable, str(tool), action, "--json", "--poll-seconds", "0.05"]
+        cmd = [sys.executable, str(tool), action, "--json", "--poll-seconds", "0.05", "--confirm-span-seconds", "0.3"]
         refused = (subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
                    if action == "terminate" else None)  # terminate without --destructive: refused, nothing sent
         done = subprocess.run(cmd + (["--destructive"] if action == "terminate" else []), env=env,
