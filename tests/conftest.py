@@ -168,11 +168,7 @@ def kill_everything_of(run_dir):
     """A simulated restart: the supervisor, the job's group and the dead-man die together, by SIGKILL."""
     status = read_json(run_dir / "status.json")
     for pid in (status.get("job_pid"), status.get("supervisor_pid"), read_json(run_dir / "deadman.json").get("pid")):
-        if pid:
-            try:
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            except OSError:
-                pass
+        kill_group_of(pid, run_dir)
     for pid in (status.get("job_pid"), status.get("supervisor_pid")):
         assert wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
                         open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30)
@@ -239,6 +235,22 @@ def runs_from(pid, root) -> bool:
     a full suite forks past pid_max (32768 here), so a dead run's pid can belong to another test's process."""
     return pid_alive(pid) and str(root) in " ".join(
         (_proc_text(pid, "cmdline"), _proc_text(pid, "environ"), _cwd_of(pid)))
+
+
+def kill_group_of(pid, root, sig=signal.SIGKILL) -> bool:
+    """SIG to PID's process group, only while PID runs from ROOT (runs_from); never to this test process's own group
+    (then to PID alone). True when a signal went out."""
+    if not isinstance(pid, int) or pid <= 1 or not runs_from(pid, root):
+        return False
+    try:
+        group = os.getpgid(pid)
+        if group == os.getpgrp():
+            os.kill(pid, sig)
+        else:
+            os.killpg(group, sig)
+        return True
+    except OSError:
+        return False
 
 
 def end_runs_under(root) -> list:
