@@ -54,8 +54,8 @@ that it starts over (the launch recorded no resume adapters, or no good checkpoi
 
 --max-cost USD (with --run) is the explicit way on for a run whose budget is spent: the run's new cap, all
 attempts together, which must exceed what it has spent (else refused, 3). It is written to RUN_DIR/budget.json
-with the old cap and the amount spent ("raised"), the relaunch's dead-man holds it (the launch's --budget-usd
-and the --max-hours it bought follow the new cap), and the reply's "budget" says from, to and spent. A run
+with the old cap and the amount spent ("raised"), the relaunch's dead-man holds it (the launch's budget and
+the wall-clock cap it bought follow the new cap), and the reply's "budget" says from, to and spent. A run
 launched without a budget is refused (3). A boot sweep never changes a cap.
 
 Exit codes: 0 every orphaned run was resumed or re-armed (or there was none; with --run: resumed);
