@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, kill_everything_of, wait_for
+from conftest import NODE, SCRIPTS, TOOLS, kill_everything_of, wait_for
 from watch_fixture import DEADMAN, POLL, running_status, stand_in
 
 sys.path.insert(0, str(NODE))
@@ -308,3 +308,25 @@ def test_finding_review_D6_a_raised_cap_is_what_every_later_arming_holds(tmp_pat
     assert boot_resume.capped_words(tight, raised) == ["--max-hours", "0.001", "--deadman-arg", "--budget-usd",
                                                        "--deadman-arg", "0.3"]
     assert boot_resume.capped_words(launch, None) == launch
+
+
+# ---------------------------------------------------------------- the providers' attachment fields (issue 37)
+
+def test_finding_laptop_L4_a_vastai_volume_is_matched_by_the_instance_side_attachment_too(tmp_path):
+    """vast.ai documents a volume's "instances" as an array whose items' shape it does not give; its own CLI reads an
+    instance's "volume_info" (objects with "id"). A volume only the instance side names is attached to the live
+    run's box (OK), not billed alone; one neither side names stays STORAGE BILLING. Before: the instance side was
+    never read, so that volume read STORAGE BILLING beside a healthy run."""
+    sys.path.insert(0, str(TOOLS))
+    from provider_standins import Instance, StandIn, Volume
+    import billing
+    api = StandIn("vastai", "canary-key-0e5d1c7b9a2f4e6d8c3b", [Instance("777", rate=1.5)],
+                  [Volume("901", attached_to="777", on_volume=False), Volume("902")])
+    with api:
+        doc = billing.report_billing([{"event": "launch", "host": "gpu", "box": "root@127.0.0.1:2222", "run_id": "v1",
+                                       "state": "launched", "instance": "vastai:777", "time": "2026-12-05T00:00:00Z"}],
+                                     environ={"RGT_VASTAI_API_URL": api.url,
+                                              "VAST_API_KEY": "canary-key-0e5d1c7b9a2f4e6d8c3b"},
+                                     home=str(tmp_path), timeout=5)
+    got = {(i["provider"], i["id"]): i["label"] for i in doc["items"]}
+    assert got == {("vastai", "777"): "OK", ("vastai", "901"): "OK", ("vastai", "902"): "STORAGE BILLING"}, got
