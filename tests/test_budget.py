@@ -181,7 +181,7 @@ def stop_times(calls):
 @pytest.mark.drill("budget holds across re-arms and reboots")
 def test_finding_review_D6_drill_through_rgt_resume_the_budget_holds_and_a_spent_run_is_refused(
         tmp_path, sshd_server):
-    """Through the real commands: `rgt.py launch --max-cost 0.1` at 24/h (15 s), the box's processes killed and
+    """Through the real commands: `rgt.py launch --max-cost 0.1` at 18/h (20 s), the box's processes killed and
     `rgt.py resume` three times, a reboot (every process killed, boot_resume's sweep relaunches the
     --auto-resume run): the stop comes at most 1.05 x the budget + one poll after the run's first start. A
     fourth `rgt.py resume` is refused (exit 3, one line: spent, cap, currency, the way on); --max-cost at or
@@ -195,7 +195,7 @@ def test_finding_review_D6_drill_through_rgt_resume_the_budget_holds_and_a_spent
     stop.write_text('#!/bin/sh\ndate +%%s.%%N >> "%s"\n' % calls)   # when each stop ran
     stop.chmod(0o755)
     run = durable / "runs" / "bud-rgt"
-    rate, cap, poll = 24.0, 0.1, 0.1
+    rate, cap, poll = 18.0, 0.1, 0.1
     assert rgt_cmd(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
     res = rgt_cmd(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "bud-rgt",
                   "--durable-dir", str(durable), "--cwd", str(work), "--rate-per-hour", str(rate), "--max-cost",
@@ -238,7 +238,7 @@ def test_finding_review_D6_drill_through_rgt_resume_the_budget_holds_and_a_spent
     dry = rgt_cmd(tmp_path, sshd_server, "resume", "gpu-box", "bud-rgt", "--max-cost", "0.5", "--dry-run")
     assert dry.returncode == 0 and "would set the run's budget to 0.5 USD" in dry.stdout, dry.stdout + dry.stderr
     assert read(run / "budget.json") == spent                   # a dry run changes no cap
-    new_cap = round(spent_now + 0.02, 4)                        # about 3 s more at 24/h
+    new_cap = round(spent_now + 0.02, 4)                        # 4 s more at 18/h
     more = rgt_cmd(tmp_path, sshd_server, "resume", "gpu-box", "bud-rgt", "--max-cost", str(new_cap))
     assert more.returncode == 0 and "as attempt 6" in more.stdout, more.stdout + more.stderr
     assert "budget:     the run's cap is now %s USD (was 0.1;" % core.money(new_cap) in more.stdout, more.stdout

@@ -383,8 +383,8 @@ class StandIn(object):
                 "cur_state": cur, "next_state": cur, "dph_total": inst.rate, "public_ipaddr": inst.ip,
                 "ssh_host": "ssh.example.invalid", "ssh_port": inst.ssh_port, "start_date": 1.7e9, "extra_env": [],
                 "gpu_name": "GPU", "num_gpus": 1, "disk_space": 40, "status_msg": "", "machine_id": 7,
-                "volume_info": [{"id": int(v.id) if v.id.isdigit() else v.id, "avail_space": 10, "total_space": v.size_gb}
-                                for v in self.volumes if v.attached_to == inst.id]}
+                "volume_info": [{"id": int(v.id) if v.id.isdigit() else v.id, "avail_space": 10,
+                                 "total_space": v.size_gb} for v in self.volumes if v.attached_to == inst.id]}
 
     # ------------------------------------------------------------ Lambda (REST, /api/v1)
     def route_lambda(self, method, path, query, body):

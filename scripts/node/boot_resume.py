@@ -126,10 +126,10 @@ def over_caps(run_dir, status, run, give_up_hours, max_attempts=None, new_cap=No
     if first is not None and time.time() - first > give_up_hours * 3600:
         return "its first attempt started %.1f h ago, past --give-up-hours %g" % ((time.time() - first) / 3600,
                                                                                   give_up_hours)
-    return budget_spent(run_dir, new_cap)
+    return over_budget(run_dir, new_cap)
 
 
-def budget_spent(run_dir, new_cap=None, now=None):
+def over_budget(run_dir, new_cap=None, now=None):
     """Why the run's budget forbids another attempt, else None: the cost so far on the run's budget clock
     (runrec: rate x the hours since its first start, less suspended time) is at or past its cap, or past
     NEW_CAP (--max-cost) when one is given. A run with no budget clock is not limited here."""
@@ -206,7 +206,8 @@ def rearm_args(run_dir):
     if not isinstance(cfg, dict):
         return []
     clock = runrec.read_budget(run_dir) or {}
-    cap, old, rate = _number(clock.get("budget_usd")), _number(cfg.get("budget_usd")), _number(cfg.get("rate_per_hour"))
+    cap, old = _number(clock.get("budget_usd")), _number(cfg.get("budget_usd"))
+    rate = _number(cfg.get("rate_per_hour"))
     if cap is not None and old is not None and rate and cap != old:
         cfg = dict(cfg, budget_usd=cap, max_hours=budget_hours_for(old, cap, rate, _number(cfg.get("max_hours"))))
     return deadman.cfg_to_argv(cfg)
@@ -450,7 +451,7 @@ def resume_checks(run_dir, status, run, args):
     elif not dm["watching"] and deadman_busy(run_dir):
         why = ("its dead-man is stopping the box now (%s); resume after the stop finishes, if the box is still "
                "there" % dm["word"].lower())
-    elif args.max_cost is not None and runrec.budget_spent_usd(runrec.read_budget(run_dir) or {}, time.time()) is None:
+    elif args.max_cost is not None and runrec.budget_spent_usd(runrec.read_budget(run_dir) or {}, 0) is None:
         why = ("--max-cost changes a run's budget, and this run has none (launched without --max-cost, or its "
                "dead-man never started the budget clock, RUN_DIR/%s)" % runrec.BUDGET)
     else:
