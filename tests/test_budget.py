@@ -1,5 +1,7 @@
 """A budget per run (issue 37): the cap counts from the run's first start across attempts, re-arms and reboots,
-on the node (the dead-man's budget clock, RUN_DIR/budget.json) and on the laptop with one formula.
+on the node (the dead-man's budget clock, RUN_DIR/budget.json) and on the laptop with one formula. A spent run is
+not resumed (`rgt.py resume` refuses, the boot sweep re-arms instead of relaunching) until `resume --max-cost`
+raises its cap; the drill goes through the real commands. Also the providers' attachment fields billing reads.
 
 Findings: redteam-2026-12-05-laptop.md L6 = redteam-2026-12-05-node.md C6 = design-review-2026-12-05.md D6.
 """
