@@ -154,7 +154,7 @@ def replay_argv(run):
     words = list(runrec.raw_launch(run.get("run_dir") or "", run)[1])
     cut = words.index("--") if "--" in words else len(words)
     options = capped_words([w for w in words[:cut] if w not in DROP_ON_REPLAY],
-                           runrec.read_budget(run.get("run_dir") or ""))
+                           runrec.read_budget(run["run_dir"]) if run.get("run_dir") else None)
     return options + words[cut:]
 
 
