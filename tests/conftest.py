@@ -41,8 +41,8 @@ LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", 
                    "progress.py")
 # The same in tools/: modules the tests and the demo import (the provider stand-in APIs), never run.
 TOOL_LIBRARIES = ("provider_standins.py",)
-# The same in scripts/: what rgt.py imports for a status in one round trip.
-LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py", "ledger.py")
+# The same in scripts/: what rgt.py imports for a status in one round trip, and the metrics readers.
+LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py", "ledger.py", "metrics_readers.py")
 
 # How to get each system program a test may need (Debian/Ubuntu package names; .ci/run installs them).
 HOW_TO_GET = {
