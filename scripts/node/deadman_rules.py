@@ -18,7 +18,7 @@ caller's monotonic clock.
   disk_state             disk_low with hysteresis
   budget_warn_in         seconds until budget_80
 
-A library: imported by deadman.py, never run. Python 3.8+; it imports nothing (tests/test_structure.py holds
+A library: imported by deadman.py and watcher.py, never run. Python 3.8+; it imports nothing (test_import_graph.py holds
 it to that), so a rule cannot reach for a file or a process.
 """
 
