@@ -109,7 +109,9 @@ Exit codes:
           7 fired, 2 usage.
 
 Minutes and hours accept floats (tests use --grace-minutes 0.01 --poll-seconds 0.05).
-Python 3.8+ standard library only; runs from the node folder beside rgt_core.py.
+Python 3.8+ standard library only; runs from the node folder beside rgt_core.py. The guarded loop, the firing and
+the option table are watcher.py's (idle_watch.py shares them); the run rules are deadman_rules.py's, pure
+functions of the facts this module reads at each check.
 """
 import json
 import os
@@ -130,7 +132,8 @@ from destructive import destructive_word  # noqa: F401  (re-exported: tests and 
 from sessions import ssh_sessions  # noqa: F401
 from stop_engine import expand_argv, init_environ, split_cmd, verify_durable  # noqa: F401
 from watcher import (FIRED_FILE, STATE_FILE, WATCH_OPTIONS, WATCH_RESERVE, Watcher, add_watch_options,  # noqa: F401
-                     detach_and_run, dur, fnum, live_deadman, mtime, stamp, suspended_seconds, take_lock)
+                     detach_and_run, dur, fnum, live_deadman, mtime, run_command, stamp, suspended_seconds,
+                     take_lock)
 # (the watcher's loop, lock and option table, re-exported: tests, boot_resume and launcher use deadman.*)
 
 TERMINAL = runrec.TERMINAL
@@ -916,10 +919,7 @@ def build_parser():
 
 def main(argv=None):
     core.check_toolkit()
-    args = build_parser().parse_args(argv)
-    if not args.cmd:
-        raise core.UsageError("give a command: arm, ack or status (see --help)")
-    return {"arm": cmd_arm, "ack": cmd_ack, "status": cmd_status}[args.cmd](args)
+    return run_command(build_parser(), "cmd", {"arm": cmd_arm, "ack": cmd_ack, "status": cmd_status}, argv)
 
 
 if __name__ == "__main__":

@@ -27,15 +27,6 @@ DISK_RECOVER = 1.1           # a low disk counts as recovered only this far abov
 BUDGET_WARN_SHARE = 0.8      # budget_80: this share of the hours the budget buys has passed
 
 
-def dur(seconds):
-    """A short human duration: 42 s, 3.5 min, 2.1 h."""
-    if seconds < 120:
-        return "%.1f s" % seconds
-    if seconds < 7200:
-        return "%.1f min" % (seconds / 60.0)
-    return "%.1f h" % (seconds / 3600.0)
-
-
 def job_phase(unreadable, ended, job_alive, helper_alive, active_state, job_pid):
     """What the run's job is doing: 'unreadable' (status.json cannot be read: held as a live job), 'ended'
     (ENDED: its state is terminal), 'running' (the job is alive, or a launcher or supervisor is alive while the

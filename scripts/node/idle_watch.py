@@ -312,10 +312,8 @@ def build_parser():
 
 def main(argv=None):
     core.check_toolkit()
-    args = build_parser().parse_args(argv)
-    if not args.command:
-        raise core.UsageError("give a command: arm, status or disarm")
-    return {"arm": cmd_arm, "status": cmd_status, "disarm": cmd_disarm}[args.command](args)
+    return watcher.run_command(build_parser(), "command", {"arm": cmd_arm, "status": cmd_status,
+                                                           "disarm": cmd_disarm}, argv)
 
 
 if __name__ == "__main__":

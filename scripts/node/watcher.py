@@ -8,7 +8,7 @@ never fatal; errors past the stall limit fire "watch_error"), the budget clock a
 firing: the record first, the stop engine, the retries until a stop is confirmed or acknowledged. A
 subclass gives evaluate(now) (deadman.py reads the run's facts and asks deadman_rules.py) and may add
 before_stop(). Also here: the lock that keeps one watcher per folder, the double fork that detaches one,
-and the option table both watchers' arm commands share.
+and the option table and main both watchers' commands share.
 
 A library: imported by deadman.py and idle_watch.py, never run. Python 3.8+ standard library only; runs
 from the node folder beside rgt_core.py.
@@ -753,3 +753,14 @@ def add_watch_options(parser, skip=()):
             parser.add_argument(flag, default=default, help=text)
         else:
             parser.add_argument(flag, type=fnum(positive=kind == "float+"), default=default, help=text)
+
+
+def run_command(parser, dest, commands, argv):
+    """A watcher's main, once its toolkit is checked: parse ARGV, run the command it names (DEST) from COMMANDS
+    (name -> function of the arguments); no command is a usage error naming them."""
+    args = parser.parse_args(argv)
+    name = getattr(args, dest)
+    if not name:
+        names = list(commands)
+        raise core.UsageError("give a command: %s or %s (see --help)" % (", ".join(names[:-1]), names[-1]))
+    return commands[name](args)
