@@ -113,7 +113,9 @@ import re
 import statistics
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "node"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "node"))
+sys.path.insert(0, HERE)   # metrics_readers beside this file, also when run through runpy or from elsewhere
 import rgt_core as core  # noqa: E402
 import runrec  # noqa: E402  (attempt_number: the attempts a run dir's previous/ holds)
 from metrics_readers import (EpochStep, Missing, jsonable, log_hint, log_regex_arg, log_series,  # noqa: E402
