@@ -38,11 +38,11 @@ STRICT = os.environ.get("RGT_REQUIRE_ALL") == "1"
 # toolkit version check of their own (test_help and test_toolkit skip them for those checks; test_help holds
 # that each still has no command line). A module that gains a main() leaves this list and gets its help text.
 LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", "destructive.py", "sessions.py",
-                   "progress.py")
+                   "progress.py", "watcher.py", "deadman_rules.py")
 # The same in tools/: modules the tests and the demo import (the provider stand-in APIs), never run.
 TOOL_LIBRARIES = ("provider_standins.py",)
-# The same in scripts/: what rgt.py imports for a status in one round trip.
-LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py", "ledger.py")
+# The same in scripts/: what rgt.py imports for a status in one round trip, and the metrics readers.
+LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py", "ledger.py", "metrics_readers.py")
 
 # How to get each system program a test may need (Debian/Ubuntu package names; .ci/run installs them).
 HOW_TO_GET = {
