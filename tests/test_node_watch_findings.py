@@ -2,6 +2,7 @@
 
 Every drill runs the real processes: the dead-man as a subprocess, a real supervisor through run_one.sh, the boot
 sweep and notify.py as the box runs them."""
+import calendar
 import http.server
 import json
 import os
@@ -151,7 +152,7 @@ def test_finding_node_A3_residual_no_stall_while_the_supervisor_waits_for_leftov
     assert status["state"] == "succeeded" and status["sync"]["ok"] is True, status
     assert not (rd / "DEADMAN_FIRED.json").exists(), read(rd / "DEADMAN_FIRED.json")
     assert box.stop_calls_lines() == [], "the box was stopped before (or while) the run synced"
-    assert "the stall rule waits" in (rd / "deadman.log").read_text()
+    assert "the box stop waits" in (rd / "deadman.log").read_text()
 
 
 # ----------------------------------------------------------------------------- N4
@@ -279,3 +280,20 @@ def test_finding_field_N13_whose_ssh_sessions_count_and_unmeasurable_idle_is_sai
                         "--grace-minutes", "0", "--dry-run", "--wait-ssh", "--stop-cmd", "true", env=env)
         assert "UNMEASURABLE" in blind.stderr, blind.stderr
 
+
+
+def test_finding_node_A3_residual_with_the_stall_rule_off_the_grace_never_stops_the_box_mid_sync(box):
+    # --stall-minutes 0 turns the stall rule off; the job's main process exits at once and leaves a helper in its
+    # group, so the supervisor waits 5 s before its sync, far past the 1.2 s grace counted from arming. Before:
+    # with the stall rule off a winding-down run read as "no job", and the box was stopped before the sync.
+    job = ["bash", "-c", "sleep 30 & echo main done"]
+    env = dict(box.env, RGT_GROUP_WAIT_SECONDS="5", RGT_GROUP_TERM_SECONDS="2")
+    res = box.launch("a3off", job, "--stall-minutes", "0", "--grace-minutes", "0.02", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    status = box.wait_terminal("a3off", timeout=30)
+    assert status["state"] == "succeeded" and status["sync"]["ok"] is True, status
+    assert wait_for(lambda: box.stop_calls_lines(), 30), "the box was never stopped after the run"
+    stopped_at = float(box.stop_calls_lines()[0].split()[1])
+    ended = calendar.timegm(time.strptime(status["ended_at"][:19], "%Y-%m-%dT%H:%M:%S"))
+    assert stopped_at >= ended, "the box was stopped %.1f s before its run ended and synced" % (ended - stopped_at)
+    assert "the box stop waits" in (box.run_dir("a3off") / "deadman.log").read_text()

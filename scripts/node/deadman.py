@@ -17,7 +17,8 @@ Runs ON THE GPU NODE, detached from any SSH session, and watches one run directo
              while another watched run on the box still progresses, only THIS run's job is
              stopped (its stop signal, then its sync) and the box is left on for the other run;
              while the job is over and its supervisor syncs or waits on leftover members of the
-             job's process group, the limit is at least --sync-wait-seconds + 95 s (its own bound);
+             job's process group, the limit is at least --sync-wait-seconds + 95 s (its own bound),
+             with the stall rule off (--stall-minutes 0) too: no grace starts before the sync ends;
   max_hours  --max-hours passed since arming, whatever the job is doing; or the hours --budget-usd
              buys at --rate-per-hour are spent, counted from the run's FIRST start across attempts,
              re-arms and reboots, less the time the box was suspended (RUN_DIR/budget.json, kept by
@@ -280,10 +281,11 @@ class Deadman(Watcher):
         winding_down = rules.winding_down(phase, job_alive, helper_alive, state,
                                           (status or {}).get("waiting_for_group"))
         quiet_since = rules.quiet_since(self.progress_mono, self.resumed_mono, self.armed_mono)
-        if winding_down and cfg["stall_minutes"]:
+        if winding_down:
             # Finding A3 (residual): the job is over and its supervisor is waiting on leftover group members or
             # syncing. Stopping the box now would lose the sync, so only a supervisor hung far past its own
-            # bounded wait plus --sync-wait-seconds is stopped (the cap still applies).
+            # bounded wait plus --sync-wait-seconds is stopped (the cap still applies). This holds with the stall
+            # rule off too: the grace of a job that is over only starts once its supervisor is done.
             limit = rules.wind_down_limit(cfg["stall_minutes"], cfg["sync_wait_seconds"])
             doing = "syncing" if state == "syncing" else "waiting for the job's leftover process group"
             if now - quiet_since >= limit:
@@ -291,7 +293,7 @@ class Deadman(Watcher):
                                             "(limit %s)" % (doing, dur(now - quiet_since), dur(limit))))
             else:
                 self.due_at(quiet_since + limit)
-                self.note("job over; the supervisor is %s: the stall rule waits (up to %s)" % (doing, dur(limit)))
+                self.note("job over; the supervisor is %s: the box stop waits (up to %s)" % (doing, dur(limit)))
         elif phase in ("running", "unreadable") and not winding_down:
             quiet = now - quiet_since
             if cfg["stall_minutes"]:
@@ -314,7 +316,7 @@ class Deadman(Watcher):
                 self.note("stalled, job already stopped; holding the box stop for %s" % ", ".join(holding[:5]))
             if not candidates:
                 self.note("watching: job active (state %s, pid %s)" % (state, job_pid))
-        else:   # the job is over or never ran (or winds down with the stall rule off)
+        else:   # the job is over (its supervisor done) or never ran
             candidates += self.job_over(now, over)
 
         if not candidates:
