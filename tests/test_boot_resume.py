@@ -10,11 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import NODE
+from conftest import NODE, wait_for
 from conftest import read_json as read
 
 sys.path.insert(0, str(NODE))
@@ -35,13 +34,8 @@ def one_toolkit_version(monkeypatch):
 
 
 def poll(predicate, timeout=120.0):
-    """True as soon as PREDICATE holds; False only after a generous deadline (no sleep-and-assert)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
+    """True as soon as PREDICATE holds; False only after a generous deadline (conftest's wait_for)."""
+    return bool(wait_for(predicate, timeout, step=0.1))
 
 
 def run(argv, timeout=300, **kw):

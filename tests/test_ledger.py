@@ -141,7 +141,7 @@ def test_finding_laptop_5_an_unwritable_ledger_never_hides_what_the_node_did(tmp
     bad_ledger = blocked / "remote-gpu-trainer" / "ledger.jsonl"
     res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--run-id", "ro2", *common, ledger=bad_ledger)
     assert res.returncode == 12 and "cannot be written" in res.stderr and "nothing was started" in res.stderr, \
-        res.stdout + res.stderr   # exit 12 since issue 35: a launch the ledger cannot record (test_laptop_round5_runs)
+        res.stdout + res.stderr   # exit 12 since issue 35: a launch the ledger cannot record (test_ledger.py)
     assert not (durable / "runs" / "ro2").exists()               # checked before the node acted
     # the ledger fills up after its first row (written before the node acts): the launch is reported in full,
     # with a WARN, exit 0, and that first row lists the run
