@@ -165,7 +165,7 @@ def test_finding_laptop_L9_force_moves_the_old_tree_aside_and_never_deletes_it(h
     assert (next((home / ".agents" / ".rgt-replaced").iterdir()) / "notes.txt").read_text() == "mine"
 
 
-# ---------------------------------------------------------------- red-team findings (../shared/reports/redteam-2026-12.md)
+# ---------------------------------------------------------------- red-team findings (reports/redteam-2026-12.md)
 from conftest import SCRIPTS  # noqa: E402
 
 

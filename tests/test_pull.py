@@ -639,7 +639,7 @@ def test_gate_inspect_runs_the_checkpoint_inspector(tmp_path, profile_env):
     assert none.returncode == 0, none.stdout
 
 
-# ---------------------------------------------------------------- red-team findings (../shared/reports/redteam-2026-12.md)
+# ---------------------------------------------------------------- red-team findings (reports/redteam-2026-12.md)
 import threading  # noqa: E402
 from conftest import wait_for  # noqa: E402
 

@@ -90,7 +90,7 @@ def test_missing_document_is_usage_error(tmp_path):
     assert res.returncode == 2 and res.stderr.count("\n") == 1
 
 
-# ---------------------------------------------------------------- red-team findings (../shared/reports/redteam-2026-12.md)
+# ---------------------------------------------------------------- red-team findings (reports/redteam-2026-12.md)
 from results_fixture import run  # noqa: E402
 
 

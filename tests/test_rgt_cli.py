@@ -381,9 +381,9 @@ def launch_resumable(tmp_path, server, rid, durable, work):
     (work / "job.py").write_text(RESUMABLE_JOB)
     assert run_rgt(tmp_path, server, "push", "gpu-box", "--transport", "tar").returncode == 0
     res = run_rgt(tmp_path, server, "launch", "gpu-box", "--profile", "vastai", "--run-id", rid, "--durable-dir",
-              durable, "--cwd", work, "--", "--output", "ckpt/*", "--deadman-dry-run", "--poll-seconds", "0.2",
-              "--resume-glob", "ckpt/state.txt", "--resume-arg", "--resume {}",
-              "--progress-regex", r"step (?P<step>\d+)/(?P<total>\d+)", "--", "python3", "-u", "job.py")
+                  durable, "--cwd", work, "--", "--output", "ckpt/*", "--deadman-dry-run", "--poll-seconds", "0.2",
+                  "--resume-glob", "ckpt/state.txt", "--resume-arg", "--resume {}",
+                  "--progress-regex", r"step (?P<step>\d+)/(?P<total>\d+)", "--", "python3", "-u", "job.py")
     assert res.returncode == 0, res.stdout + res.stderr
     assert wait_for(lambda: state_of(tmp_path, server, rid).get("status") == "failed", 120)
     assert (durable / "results" / rid / "ckpt" / "state.txt").read_text() == "step 40\n"   # synced, verified
@@ -467,9 +467,9 @@ def quick_run(tmp_path, server, rid, durable, ledger=None):
     """A finished run on the node: launched through rgt.py, no dead-man, waited for."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    res = run_rgt(tmp_path, server, "launch", "gpu-box", "--profile", "local", "--run-id", rid, "--durable-dir", durable,
-              "--cwd", work, "--", "--no-deadman", "--wait", "--", "python3", "-c", "print('step 1/1')",
-              ledger=ledger)
+    res = run_rgt(tmp_path, server, "launch", "gpu-box", "--profile", "local", "--run-id", rid,
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--wait", "--", "python3", "-c",
+                  "print('step 1/1')", ledger=ledger)
     assert res.returncode == 0, res.stdout + res.stderr
     return durable / "runs" / rid
 
@@ -557,3 +557,45 @@ def test_finding_field_N14_the_recorded_interpreter_is_per_box_and_run_before_us
     res = run_rgt(tmp_path, sshd_server, "probe", "gpu-box")
     assert res.returncode in (0, 3) and "node_probe" not in log.read_text(), res.stdout + res.stderr + log.read_text()
     assert log.read_text().startswith("stale-python -S -c"), log.read_text()   # it was run, as the check
+
+
+# ---------------------------------------------------------------- review D4: the node derives the layout once
+
+def test_finding_review_D4_a_durable_dir_in_the_nodes_environment_moves_no_result(tmp_path, ssh_sessions_allowed,
+                                                                                   durable):
+    """A DURABLE_DIR in the node's ssh environment once put the results where the ledger, pull and gate did not
+    look. The laptop sends --durable-dir, the node derives the run's paths (runrec.layout) and answers in JSON,
+    and the ledger records that answer: the results land in the durable dir asked for, and pull and gate find
+    them there."""
+    from sshd_fixture import SshdServer
+    elsewhere = tmp_path / "node-env-durable"
+    server = SshdServer(tmp_path / "sshd", os.path.abspath(need("sshd")), need("ssh"), need("ssh-keygen"),
+                        node_env={"DURABLE_DIR": str(elsewhere)})
+    (tmp_path / "sshd").mkdir()
+    server.start()
+    try:
+        assert server.run("echo $DURABLE_DIR").stdout.strip() == str(elsewhere)   # the node's own setting
+        pushed(tmp_path, server)
+        work = tmp_path / "proj"
+        work.mkdir()
+        (work / "train.py").write_text("import os\nos.makedirs('ckpt', exist_ok=True)\n"
+                                       "open('ckpt/final.json', 'w').write('{}')\nprint('step 1/1')\n")
+        res = run_rgt(tmp_path, server, "--json", "launch", "gpu-box", "--profile", "generic-ssh", "--run-id", "d4",
+                      "--durable-dir", durable, "--cwd", work, "--", "--output", "ckpt/*", "--deadman-dry-run",
+                      "--wait", "--", "python3", "-u", "train.py")
+        assert res.returncode == 0, res.stdout + res.stderr
+        answer = json.loads(res.stdout)
+        node_run = json.loads((durable / "runs" / "d4" / "run.json").read_text())
+        assert answer["results_dir"] == node_run["results_dir"] == str(durable / "results" / "d4")
+        assert answer["run_dir"] == str(durable / "runs" / "d4")
+        assert (durable / "results" / "d4" / "ckpt" / "final.json").is_file()
+        assert not elsewhere.exists(), sorted(str(p) for p in elsewhere.rglob("*"))
+        launches = [r for r in rows(tmp_path / "ledger.jsonl") if r.get("event") == "launch"]
+        assert [(r["run_dir"], r["results_dir"]) for r in launches] == [(answer["run_dir"], answer["results_dir"])]
+        pulled = run_rgt(tmp_path, server, "pull", "gpu-box", "d4")
+        assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+        assert (tmp_path / "pulled" / "d4" / "ckpt" / "final.json").is_file()
+        gate = run_rgt(tmp_path, server, "gate", "gpu-box", "d4")
+        assert gate.returncode == 0 and "PASS" in gate.stdout, gate.stdout + gate.stderr
+    finally:
+        server.stop()
