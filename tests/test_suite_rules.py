@@ -1,6 +1,8 @@
 """The suite's own rules (tests/conftest.py), each shown to catch what it is for, in a throwaway pytest run:
 under RGT_REQUIRE_ALL=1 every kind of skip fails; a process a test leaves running fails the session and is
-killed; the latency benchmark prints every GUIDE §9 line."""
+killed; the latency benchmark prints every GUIDE §9 line. And the suite's shape (review D11): test modules are
+named for the unit they test, never for the review round that found their tests, and no test sleeps right before
+an assert (a positive wait goes through conftest's wait_for, a negative check counts the watcher's evaluations)."""
 import json
 import os
 import re
