@@ -215,15 +215,7 @@ def find_run(runs, rid, box=None, host=None):
     return found[-1] if found else None
 
 
-def money(value):
-    """VALUE with the precision it needs: two decimals from 1 up, else enough significant digits that a
-    small amount (0.02, 0.0035) never prints as 0.00."""
-    if value is None:
-        return "?"
-    value = float(value)
-    if value == 0 or abs(value) >= 1:
-        return "%.2f" % value
-    return "%.3g" % value if abs(value) >= 0.001 else "%.2g" % value
+money = core.money   # one money format, the node's too (rgt_core.money)
 
 
 def cost_so_far(rows, host, rid, rate=None, now=None, box=None):

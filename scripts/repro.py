@@ -75,7 +75,7 @@ sys.path.insert(0, os.path.join(HERE, "node"))
 sys.path.insert(0, HERE)
 import rgt_core as core  # noqa: E402
 import run_env  # noqa: E402  (the same git diff flags for the dirty-tree hash)
-import run_forensics as rf  # noqa: E402  (the same metrics readers)
+import metrics_readers as rf  # noqa: E402  (the readers run_forensics.py uses)
 
 PROG = "repro.py"
 REPO_ROOT = os.path.dirname(HERE)

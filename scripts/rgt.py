@@ -20,7 +20,8 @@ Usage:
   rgt.py [global options] patrol HOST [RID...] [--rate-per-hour X] [--min-free-gb G]
   rgt.py [global options] logs   HOST RID [--lines N] [--log job|supervisor|deadman]
   rgt.py [global options] ack    HOST RID (--postpone-minutes M | --disarm)
-  rgt.py [global options] resume HOST RID [--max-attempts N] [--give-up-hours H] [--dry-run]
+  rgt.py [global options] resume HOST RID [--max-attempts N] [--give-up-hours H] [--force-restart]
+                                 [--max-cost USD] [--dry-run]
   rgt.py [global options] pull   HOST RID [--dest DIR] [--transport auto|rsync|tar] [--generation N]
   rgt.py [global options] gate   HOST RID [--dest DIR] [--profile P] [--no-inspect] [--keep-generation N]
   rgt.py [global options] sweep  HOST [--check-only] [--ack RID]...
@@ -65,6 +66,10 @@ last attempt's dead-man hands over to the new one. Refused (exit 3) while an att
 succeeded run, past the attempt cap (--max-attempts overrides the launch's) or --give-up-hours, and for a
 run with no resume adapter whose verified outputs its restart from step 0 would supersede, unless
 --force-restart (the old outputs are then kept on the node as a generation, DURABLE_DIR/generations/RID/N).
+Refused (exit 3) too when the run's budget is spent (its cost so far, the one formula below, at or past its cap):
+the line says spent, cap and currency. The way on is explicit: `resume --max-cost USD` sets the run's new cap (all
+attempts together; it must exceed what is spent), recorded on the node (RUN_DIR/budget.json, "raised") and as
+this resume's ledger row (max_cost, budget_raised); the new attempt's dead-man holds it.
 
 status and patrol: one ssh round trip each; the node runs status_facts.sh (no Python starts there) and this
 laptop classifies what it sent by run_status.py's own rules (scripts/remote_status.py). A run those facts cannot
@@ -805,16 +810,19 @@ def cmd_resume(args, ssh):
         argv += ["--give-up-hours", str(args.give_up_hours)]
     argv += ["--dry-run"] if args.dry_run else []
     argv += ["--force-restart"] if getattr(args, "force_restart", False) else []
+    argv += ["--max-cost", "%.12g" % args.max_cost] if args.max_cost is not None else []
     if not args.dry_run:
         ledger_writable(ledger_path(args.ledger))   # before the node acts: a new attempt never runs unrecorded
     # boot_resume waits up to 90 s for the old dead-man and 600 s for the relaunch: leave it room
     res, result = node_json(args, ssh, argv, "resume", 900)
     if not args.dry_run:
         launched = result.get("action") == "resumed" and result.get("ok")
+        raised = result.get("budget") if isinstance(result.get("budget"), dict) else None
         # a refused or failed resume leaves the run at its current attempt; boot_resume names the next one
         record(args, event="resume", run_id=rid, profile=profile,
                       run_dir=run_dir, attempt=result.get("attempt") if launched else ledger_attempt(args, rid),
-                      state="launched" if launched else "resume_" + str(result.get("action")), rc=res.returncode)
+                      state="launched" if launched else "resume_" + str(result.get("action")), rc=res.returncode,
+                      **({"max_cost": raised.get("to"), "budget_raised": raised} if raised else {}))
     if args.json:
         core.emit_json(result)
     else:
@@ -828,6 +836,10 @@ def cmd_resume(args, ssh):
                                                                  " ".join(result.get("resume_args") or [])))
         elif result.get("resume_from"):
             say("resume:     from %s, adds %s" % (result["resume_from"], " ".join(result.get("resume_args") or [])))
+        if isinstance(result.get("budget"), dict):   # the cap changed: said, never silent
+            raised = result["budget"]
+            say("budget:     the run's cap is now %s USD (was %s; %s spent so far)" % (
+                ledger.money(raised.get("to")), ledger.money(raised.get("from")), ledger.money(raised.get("spent"))))
         if result.get("warning") and result.get("ok"):   # a refusal says why in its one line, not what would run
             say("WARN %s" % result["warning"])
         lost = result.get("would_supersede")
@@ -1230,8 +1242,9 @@ COMMAND_EXITS = {
     "ack": "deadman.py ack's: 0 written; 1 the node could not run it; 2 usage (a bad run id or value)" + _SSH,
     "resume": "boot_resume.py --run's: 0 resumed (with --dry-run: it would be); 1 something could not be done "
               "(its line says what); 2 usage, or a ledger that cannot be written (checked before the node acts); "
-              "3 refused (an attempt still live, succeeded, past the attempt cap or --give-up-hours, a restart "
-              "that would supersede verified outputs)" + _SSH,
+              "3 refused (an attempt still live, succeeded, past the attempt cap or --give-up-hours, the run's "
+              "budget spent, a --max-cost not above the amount spent, a restart that would supersede verified "
+              "outputs)" + _SSH,
     "pull": "pull_verified.py's: 0 verified and promoted (or already here, the same); 1 a check failed "
             "(nothing promoted); 2 usage or bad environment; 3 refused: DEST/RID exists with other content"
             + _SIGNAL + _SSH,
@@ -1353,6 +1366,9 @@ def build_parser(only=None):
         p.add_argument("--force-restart", action="store_true",
                        help="resume a run with no resume adapter even though its restart from step 0 supersedes the "
                             "verified durable outputs (kept as a generation on the node)")
+        p.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True), metavar="USD",
+                       help="the run's new budget, all attempts together, above what it has spent: the way on "
+                            "for a run whose budget is spent (recorded on the node and in the ledger)")
         p.add_argument("--dry-run", action="store_true", help="say what would happen, change nothing")
     if wanted("pull"):
         p = host_cmd("pull", "copy the results home and verify every byte", run_id=True)

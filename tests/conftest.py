@@ -38,11 +38,11 @@ STRICT = os.environ.get("RGT_REQUIRE_ALL") == "1"
 # toolkit version check of their own (test_help and test_toolkit skip them for those checks; test_help holds
 # that each still has no command line). A module that gains a main() leaves this list and gets its help text.
 LIBRARY_MODULES = ("rgt_core.py", "evidence.py", "runrec.py", "stop_engine.py", "destructive.py", "sessions.py",
-                   "progress.py")
+                   "progress.py", "watcher.py", "deadman_rules.py")
 # The same in tools/: modules the tests and the demo import (the provider stand-in APIs), never run.
 TOOL_LIBRARIES = ("provider_standins.py",)
-# The same in scripts/: what rgt.py imports for a status in one round trip.
-LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py", "ledger.py")
+# The same in scripts/: what rgt.py imports for a status in one round trip, and the metrics readers.
+LAPTOP_LIBRARIES = ("fast_start.py", "remote_status.py", "ledger.py", "metrics_readers.py")
 
 # How to get each system program a test may need (Debian/Ubuntu package names; .ci/run installs them).
 HOW_TO_GET = {
@@ -168,11 +168,7 @@ def kill_everything_of(run_dir):
     """A simulated restart: the supervisor, the job's group and the dead-man die together, by SIGKILL."""
     status = read_json(run_dir / "status.json")
     for pid in (status.get("job_pid"), status.get("supervisor_pid"), read_json(run_dir / "deadman.json").get("pid")):
-        if pid:
-            try:
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            except OSError:
-                pass
+        kill_group_of(pid, run_dir)
     for pid in (status.get("job_pid"), status.get("supervisor_pid")):
         assert wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
                         open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z", 30)
@@ -247,6 +243,29 @@ def state_files(root):
                 yield Path(folder) / name
 
 
+def runs_from(pid, root) -> bool:
+    """PID runs and names ROOT in its command line, environment or working dir. A recorded pid is killed only then:
+    a full suite forks past pid_max (32768 here), so a dead run's pid can belong to another test's process."""
+    return pid_alive(pid) and str(root) in " ".join(
+        (_proc_text(pid, "cmdline"), _proc_text(pid, "environ"), _cwd_of(pid)))
+
+
+def kill_group_of(pid, root, sig=signal.SIGKILL) -> bool:
+    """SIG to PID's process group, only while PID runs from ROOT (runs_from); never to this test process's own group
+    (then to PID alone). True when a signal went out."""
+    if not isinstance(pid, int) or pid <= 1 or not runs_from(pid, root):
+        return False
+    try:
+        group = os.getpgid(pid)
+        if group == os.getpgrp():
+            os.kill(pid, sig)
+        else:
+            os.killpg(group, sig)
+        return True
+    except OSError:
+        return False
+
+
 def end_runs_under(root) -> list:
     """Disarm every dead-man recorded under ROOT and kill (by recorded pid) the dead-men, supervisors, jobs and idle
     watchers its run and watch dirs name, when the process still runs from ROOT. Returns the pids it signalled.
@@ -263,8 +282,7 @@ def end_runs_under(root) -> list:
                             "--disarm"], capture_output=True, timeout=60)
         for key in ("pid", "job_pid", "supervisor_pid"):
             pid = doc.get(key)
-            if isinstance(pid, int) and pid > 1 and pid not in spare and pid_alive(pid) and root in " ".join(
-                    (_proc_text(pid, "cmdline"), _proc_text(pid, "environ"), _cwd_of(pid))):
+            if isinstance(pid, int) and pid > 1 and pid not in spare and runs_from(pid, root):
                 try:
                     os.kill(pid, signal.SIGKILL)
                     hit.append(pid)
@@ -570,9 +588,14 @@ def pytest_sessionfinish(session, exitstatus):
         return
     tmux_dir = getattr(config, "_rgt_socket_root", None)
     needles = [str(Path(config._tmp_path_factory.getbasetemp()))] + ([tmux_dir] if tmux_dir else [])
-    left = {}
-    if not wait_for(lambda: not leftover_processes(needles), timeout=10, step=0.2):
-        left = leftover_processes(needles)
+    # Two clean looks in a row end the wait: one /proc scan can miss a process (a read that races its exit or its
+    # exec), and the check must not let a leftover through on one unlucky scan.
+    clean = [0]
+
+    def settled():
+        clean[0] = clean[0] + 1 if not leftover_processes(needles) else 0
+        return clean[0] >= 2
+    left = {} if wait_for(settled, timeout=10, step=0.2) else leftover_processes(needles)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import NODE, end_runs_under, pid_alive, wait_for
+from conftest import NODE, end_runs_under, runs_from, wait_for
 from conftest import read_json as read
 
 RUN_ONE = str(NODE / "run_one.sh")
@@ -112,7 +112,7 @@ class Box(object):
             status = read(rd / "status.json")
             pids = [status.get("job_pid"), status.get("supervisor_pid"), read(rd / "deadman.json").get("pid")]
             for pid in pids:
-                if pid and pid_alive(pid):
+                if isinstance(pid, int) and runs_from(pid, self.tmp):
                     try:
                         os.kill(int(pid), signal.SIGKILL)
                     except OSError:

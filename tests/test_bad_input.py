@@ -224,6 +224,7 @@ CASES = [
     ("scripts/billing.py", ["--ledger", "{tmp}"], nothing, 2, "cannot read the ledger"),
     ("scripts/rgt.py", ["launch", "gpu-box", "--profile", "local", "--run-id", "r1", "--max-cost", "5", "--",
                         "true"], nothing, 2, "needs the hourly rate"),
+    ("scripts/rgt.py", ["resume", "gpu-box", "r1", "--max-cost", "0"], nothing, 2, "--max-cost"),
     # reap.py (rgt.py reap)
     ("scripts/reap.py", ["--timeout", "nan"], nothing, 2, "--timeout"),
     ("scripts/reap.py", ["install"], nothing, 2, "--cron, --systemd or --launchd"),
@@ -243,6 +244,8 @@ CASES = [
     ("scripts/node/boot_resume.py", ["--runs-dir", "{tmp}", "--give-up-hours", "nan"], nothing, 2,
      "--give-up-hours"),
     ("scripts/node/boot_resume.py", ["--runs-dir", "{missing}"], nothing, 2, "not a directory"),
+    ("scripts/node/boot_resume.py", ["--runs-dir", "{tmp}", "--max-cost", "5"], nothing, 2, "needs --run"),
+    ("scripts/node/boot_resume.py", ["--run", "{tmp}", "--max-cost", "nan"], nothing, 2, "--max-cost"),
     ("scripts/node/boot_resume.py", ["--runs-dir", "{file}"], nothing, 2, "not a directory"),
     # final_sweep.py
     ("scripts/node/final_sweep.py", [], nothing, 2, "required: --runs-dir"),

@@ -3,11 +3,10 @@ durable storage under a verified manifest. Real run_one.sh launches, real superv
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
-from conftest import NODE, wait_for
+from conftest import NODE, kill_group_of, wait_for
 from conftest import read_json as read
 
 SWEEP = NODE / "final_sweep.py"
@@ -50,7 +49,7 @@ def test_sweep_finds_syncs_and_verifies_every_run(box):  # noqa: F811
     assert code == 1 and live["crashed"]["verdict"] == "RUNNING", live["crashed"]
     status = read(box.run_dir("crashed") / "status.json")
     for pid in (status["job_pid"], status["supervisor_pid"]):
-        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        assert kill_group_of(pid, box.tmp)
     assert wait_for(lambda: not any(os.path.exists("/proc/%d" % p) and open("/proc/%d/stat" % p).read()
                                     .rsplit(")", 1)[1].split()[0] != "Z"
                                     for p in (status["job_pid"], status["supervisor_pid"])), 30)

@@ -67,3 +67,34 @@ def test_the_cycle_finder_finds_a_lazy_circle(tmp_path):
     assert cycles(node_graph(tmp_path)) == [["a", "b", "c", "a"]]
     (tmp_path / "c.py").write_text("import os\n")
     assert cycles(node_graph(tmp_path)) == []
+
+
+# Calls that reach past a rule's arguments: files, processes, the clock, the interpreter.
+IMPURE_CALLS = {"open", "__import__", "exec", "eval", "compile", "input", "breakpoint", "print", "globals"}
+
+
+def impurities(path):
+    """What in PATH reaches for IO: every import (at any depth) and every call of an IMPURE_CALLS builtin."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append("line %d: import %s" % (node.lineno, ", ".join(a.name for a in node.names)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in IMPURE_CALLS:
+            found.append("line %d: %s()" % (node.lineno, node.func.id))
+    return found
+
+
+def test_finding_review_D8_the_run_rules_are_pure():
+    """deadman.py's evaluate mixed reading the run (files, pids, sessions, the clock) with deciding on it. The rules
+    live in deadman_rules.py, which imports nothing at all (no os, time, runrec, deadman): it decides from the
+    facts it is given, so it is table-tested without a process (test_deadman_rules.py). The loop that reads and
+    fires (watcher.py) and the dead-man import it; it imports neither of them."""
+    assert impurities(NODE / "deadman_rules.py") == []
+    graph = node_graph()
+    assert graph["deadman_rules"] == [] and "deadman_rules" in graph["deadman"]
+    assert "deadman" not in graph["watcher"] and "deadman" not in graph["idle_watch"]
+
+
+def test_the_purity_check_sees_a_lazy_import_and_a_file(tmp_path):
+    (tmp_path / "rules.py").write_text("def f(x):\n    import os\n    return open(x).read()\n")
+    assert impurities(tmp_path / "rules.py") == ["line 2: import os", "line 3: open()"]

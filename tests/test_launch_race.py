@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import NODE, need, path_without, pid_alive
+from conftest import NODE, need, path_without, pid_alive, runs_from
 from conftest import read_json as read
 
 pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test here is a finding
@@ -38,8 +38,8 @@ IMMEDIATE = [
 def stop_deadman(run_dir):
     """End this run's dead-man by its recorded pid (we armed it; SIGTERM is its documented exit)."""
     pid = read(run_dir / "deadman.json").get("pid")
-    if pid and pid_alive(pid):
-        os.kill(int(pid), signal.SIGTERM)
+    if isinstance(pid, int) and runs_from(pid, run_dir):
+        os.kill(pid, signal.SIGTERM)
 
 
 def launch_and_wait(box, env, run_id, job):

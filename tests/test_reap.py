@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, read_json, wait_for, webhook_target
+from conftest import SCRIPTS, read_json, runs_from, wait_for, webhook_target
 from sshd_fixture import rgt
 
 sys.path.insert(0, str(SCRIPTS.parent / "tools"))
@@ -39,7 +39,7 @@ def stop_everything(run_dir, sig):
     """SIG to the run's job group, its supervisor and its dead-man (SIGSTOP: the box hangs)."""
     status, dm = read_json(run_dir / "status.json"), read_json(run_dir / "deadman.json")
     for pid in (status.get("job_pid"), status.get("supervisor_pid"), dm.get("pid")):
-        if not pid:
+        if not runs_from(pid, run_dir):       # gone already: its pid may be another test's process now
             continue
         for send in (lambda: os.killpg(os.getpgid(pid), sig), lambda: os.kill(pid, sig)):
             try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS, missing, need, need_root, wait_for
+from conftest import NODE, REPO, SCRIPTS, TOOLS, kill_group_of, missing, need, need_root, wait_for
 
 QUEUE = NODE / "run_queue.sh"
 TRAIN = REPO / "examples" / "train_resumable.py"
@@ -67,10 +67,7 @@ def group_members(pgid):
 
 def kill_groups(root):
     for pgid in cell_groups(root):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
+        kill_group_of(pgid, root)             # a cell's group leader, while it still runs from ROOT
 
 
 @pytest.fixture(autouse=True)

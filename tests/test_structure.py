@@ -275,3 +275,58 @@ def test_every_reference_within_25_kb():
 def test_size_check_catches_a_long_reference(tree):
     (tree / "references" / "long.md").write_text("x" * (REFERENCE_MAX_BYTES + 1))
     assert oversized_references(tree) == [f"references/long.md ({REFERENCE_MAX_BYTES + 1} bytes)"]
+
+
+# --- module size: one job per module (review D8) ----------------------------------------------------------------
+
+# A module over the review's ~800-line mark is worth a look for a second job; over SCRIPT_MAX_LINES it has one.
+# 1,500 sits above the largest modules that are one job today (rgt.py 1,465: the laptop CLI; rgt_core.py 1,322: the
+# node's core; notify.py 1,235: one job in layers) and below what run_forensics.py (1,475: readers, statistics,
+# commands, plot) and deadman.py (1,663: loop, run rules, CLI) had grown to before they were split. Still above
+# 800, each one job: rgt.py, rgt_core.py, notify.py, node_probe.py (one audit in sections), pull_verified.py (one
+# verified pull, two transports) and deadman.py (~950: the run dead-man's facts, its job stop, its CLI).
+SCRIPT_MAX_LINES = 1500
+SPLIT_MAX_LINES = 800   # the modules the D8 split made stay under the review's mark
+
+
+def long_scripts(root, limit=SCRIPT_MAX_LINES):
+    """['path (N lines)'] for every scripts/*.py and scripts/node/*.py longer than LIMIT lines."""
+    paths = sorted((root / "scripts").glob("*.py")) + sorted((root / "scripts" / "node").glob("*.py"))
+    counts = ((p, len(p.read_text(encoding="utf-8").splitlines())) for p in paths)
+    return [f"{p.relative_to(root).as_posix()} ({n} lines)" for p, n in counts if n > limit]
+
+
+def test_finding_review_D8_no_script_over_the_line_budget():
+    """run_forensics.py held readers, statistics, commands and plot; deadman.py the watch loop, the run rules and
+    the CLI (1,663 lines). Split, and held so: no script over SCRIPT_MAX_LINES, the split parts under 800."""
+    assert long_scripts(REPO) == [], f"over {SCRIPT_MAX_LINES} lines: split it by job (review D8)"
+    split = ["scripts/run_forensics.py", "scripts/metrics_readers.py", "scripts/node/watcher.py",
+             "scripts/node/deadman_rules.py"]
+    sizes = {rel: len((REPO / rel).read_text(encoding="utf-8").splitlines()) for rel in split}
+    assert {rel: n for rel, n in sizes.items() if n > SPLIT_MAX_LINES} == {}
+
+
+def test_finding_review_D8_the_readers_are_imported_not_the_cli():
+    """repro.py imported the run_forensics CLI for its readers; now both import metrics_readers, which imports
+    neither of them (no circle, no command line of its own)."""
+    import ast
+
+    def imported(rel):
+        names = set()
+        for node in ast.walk(ast.parse((REPO / rel).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        return names
+    assert "metrics_readers" in imported("scripts/repro.py") & imported("scripts/run_forensics.py")
+    assert "run_forensics" not in imported("scripts/repro.py")
+    assert not imported("scripts/metrics_readers.py") & {"run_forensics", "repro"}
+    assert "def main(" not in (REPO / "scripts" / "metrics_readers.py").read_text(encoding="utf-8")
+
+
+def test_line_budget_check_catches_a_long_script(tmp_path):
+    (tmp_path / "scripts" / "node").mkdir(parents=True)
+    (tmp_path / "scripts" / "node" / "big.py").write_text("x = 1\n" * (SCRIPT_MAX_LINES + 1))
+    (tmp_path / "scripts" / "small.py").write_text("x = 1\n" * SCRIPT_MAX_LINES)
+    assert long_scripts(tmp_path) == ["scripts/node/big.py (1501 lines)"]

@@ -64,6 +64,13 @@ def pytest_in(folder, *args, strict=False):
                           capture_output=True, text=True, timeout=300)
 
 
+def _where(pid):
+    try:
+        return os.readlink("/proc/%d/cwd" % pid)
+    except OSError as exc:
+        return "(cwd unreadable: %s)" % exc
+
+
 def outcome_counts(stdout):
     return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|xfailed|error|errors)", stdout)}
 
@@ -120,7 +127,9 @@ def test_a_process_left_running_fails_the_session_and_is_killed(tmp_path):
     pid = int(pid_file.read_text())
     try:
         assert res.returncode == 1, res.stdout[-3000:]
-        assert "1 passed" in res.stdout and "LEFTOVER PROCESSES" in res.stdout, res.stdout[-3000:]
+        assert "1 passed" in res.stdout and "LEFTOVER PROCESSES" in res.stdout, (
+            "sleeper %d %s; " % (pid, "still runs from " + _where(pid) if pid_alive(pid) else "was gone")
+            + res.stdout[-3000:])
         assert "pid %d: sleep 300" % pid in res.stdout
         assert wait_for(lambda: not pid_alive(pid), 10), "the leftover sleeper was not killed"
     finally:

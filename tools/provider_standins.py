@@ -89,9 +89,10 @@ class Instance(object):
 
 
 class Volume(object):
-    def __init__(self, ident, name=None, size_gb=50, region="XX-1", attached_to=None):
+    def __init__(self, ident, name=None, size_gb=50, region="XX-1", attached_to=None, on_volume=True):
         self.id, self.name, self.size_gb, self.region = str(ident), name or "vol-%s" % ident, size_gb, region
         self.attached_to = attached_to   # the instance id it is attached to (issue 37: billing joins on it)
+        self.on_volume = on_volume       # vast.ai: the volume's own "instances" names it (else only volume_info)
 
 
 class StandIn(object):
@@ -370,7 +371,7 @@ class StandIn(object):
         if method == "GET" and path in ("/api/v0/volumes", "/api/v0/volumes/"):
             return 200, {"volumes": [{"id": int(v.id) if v.id.isdigit() else v.id, "label": v.name, "status": "stopped",
                                       "disk_space": v.size_gb, "storage_total_cost": 0.42, "start_date": 1.7e9,
-                                      "instances": [int(v.attached_to)] if v.attached_to else [],
+                                      "instances": [int(v.attached_to)] if v.attached_to and v.on_volume else [],
                                       "public_ipaddr": None} for v in self.volumes]}, None
         raise KeyError(path)
 
@@ -381,7 +382,9 @@ class StandIn(object):
         return {"id": int(inst.id), "label": inst.name, "actual_status": actual, "intended_status": intended,
                 "cur_state": cur, "next_state": cur, "dph_total": inst.rate, "public_ipaddr": inst.ip,
                 "ssh_host": "ssh.example.invalid", "ssh_port": inst.ssh_port, "start_date": 1.7e9, "extra_env": [],
-                "gpu_name": "GPU", "num_gpus": 1, "disk_space": 40, "status_msg": "", "machine_id": 7}
+                "gpu_name": "GPU", "num_gpus": 1, "disk_space": 40, "status_msg": "", "machine_id": 7,
+                "volume_info": [{"id": int(v.id) if v.id.isdigit() else v.id, "avail_space": 10,
+                                 "total_space": v.size_gb} for v in self.volumes if v.attached_to == inst.id]}
 
     # ------------------------------------------------------------ Lambda (REST, /api/v1)
     def route_lambda(self, method, path, query, body):

@@ -6,10 +6,11 @@ supervisor and its dead-man together; status.json still says running and the box
 this once at boot (the profile says which hook: vast.ai's on-start script, a container start
 command, `@reboot` cron or a systemd unit). For each run under --runs-dir whose status says
 starting/running/stalled/syncing but whose supervisor and job are gone:
-  - the run opted in (run_one.sh --auto-resume) and has attempts left (--max-attempts, default 3):
+  - the run opted in (run_one.sh --auto-resume), has attempts left (--max-attempts, default 3) and budget
+    left (RUN_DIR/budget.json: the cost so far, rate x the hours since the run's first start, is below the cap):
     the recorded launch is replayed word for word in the job's cwd, as the next attempt; its resume
     adapters pick the newest good checkpoint and run_one.sh arms a fresh dead-man first;
-  - otherwise, or with no attempts left: the run is marked failed ("the node restarted") and a
+  - otherwise, or with no attempts or budget left: the run is marked failed ("the node restarted") and a
     dead-man is armed on it (the run's profile's stop), so the meter stops after the grace period
     unless someone acknowledges.
 Each run the sweep resumes or re-arms is told as boot_resume (notify.py, when a target is configured and the
@@ -31,7 +32,8 @@ a child in its own session, which a dropped ssh session or a killed resume does 
 its result in RUN_DIR/resume.json. Refused (exit 3) while an attempt is still live (its supervisor
 or job alive: a second live attempt is never started), while another resume of the run holds
 RUN_DIR/resume.lock, while the last dead-man is stopping the box, for a succeeded run, with no
-recorded launch, with a damaged attempt number, past either cap, or, unless --force-restart, when the
+recorded launch, with a damaged attempt number, past either cap, with its budget spent (the line says spent,
+cap and how to go on), or, unless --force-restart, when the
 launch has no resume adapter and the results dir holds verified outputs (the restart from step 0 would
 supersede them; they are kept as DURABLE/generations/RID/<attempt>/ either way, and the reply says so). In the boot sweep a failed
 relaunch re-arms the dead-man, and a run whose records are damaged is reported and re-armed without
@@ -39,7 +41,8 @@ stopping the sweep of the others.
 
 Usage:
   boot_resume.py --runs-dir DIR [--runs-dir DIR]... [--give-up-hours H] [--dry-run] [--json]
-  boot_resume.py --run RUN_DIR [--max-attempts N] [--give-up-hours H] [--force-restart] [--dry-run] [--json]
+  boot_resume.py --run RUN_DIR [--max-attempts N] [--give-up-hours H] [--force-restart] [--max-cost USD]
+                 [--dry-run] [--json]
 
   @reboot  python3 ~/rgt-bin/boot_resume.py --runs-dir /workspace/durable/runs >> ~/rgt/boot.log 2>&1
 
@@ -49,8 +52,15 @@ that it starts over (the launch recorded no resume adapters, or no good checkpoi
 
 --max-attempts N (with --run) overrides the cap recorded at launch (default 3).
 
+--max-cost USD (with --run) is the explicit way on for a run whose budget is spent: the run's new cap, all
+attempts together, which must exceed what it has spent (else refused, 3). It is written to RUN_DIR/budget.json
+with the old cap and the amount spent ("raised"), the relaunch's dead-man holds it (the launch's budget and
+the wall-clock cap it bought follow the new cap), and the reply's "budget" says from, to and spent. A run
+launched without a budget is refused (3). A boot sweep never changes a cap.
+
 Exit codes: 0 every orphaned run was resumed or re-armed (or there was none; with --run: resumed);
-1 something could not be done (its line says what); 2 usage; 3 --run refused (the line says why).
+1 something could not be done (its line says what); 2 usage; 3 --run refused (the line says why: a live
+attempt, a cap, a spent budget, a --max-cost not above the amount spent).
 """
 import glob
 import os
@@ -101,8 +111,9 @@ def first_started(run_dir, status):
     return min(epochs) if epochs else None
 
 
-def over_caps(run_dir, status, run, give_up_hours, max_attempts=None):
-    """Why the run must not get another attempt (a cap reached), else None."""
+def over_caps(run_dir, status, run, give_up_hours, max_attempts=None, new_cap=None):
+    """Why the run must not get another attempt (a cap reached: attempts, --give-up-hours, the budget), else
+    None. NEW_CAP: the run's budget as --max-cost would raise it."""
     attempt = attempt_of(status)
     if attempt is None:
         return "status.json's attempt %r is not a number" % status.get("attempt")
@@ -115,21 +126,91 @@ def over_caps(run_dir, status, run, give_up_hours, max_attempts=None):
     if first is not None and time.time() - first > give_up_hours * 3600:
         return "its first attempt started %.1f h ago, past --give-up-hours %g" % ((time.time() - first) / 3600,
                                                                                   give_up_hours)
-    return None
+    return over_budget(run_dir, new_cap)
+
+
+def over_budget(run_dir, new_cap=None, now=None):
+    """Why the run's budget forbids another attempt, else None: the cost so far on the run's budget clock
+    (runrec: rate x the hours since its first start, less suspended time) is at or past its cap, or past
+    NEW_CAP (--max-cost) when one is given. A run with no budget clock is not limited here."""
+    clock = runrec.read_budget(run_dir)
+    spent = None if clock is None else runrec.budget_spent_usd(clock, time.time() if now is None else now)
+    cap = None if clock is None else clock.get("budget_usd")
+    if spent is None or isinstance(cap, bool) or not isinstance(cap, (int, float)):
+        return None
+    if new_cap is not None:
+        return None if new_cap > spent else (
+            "--max-cost %s does not exceed the %s USD this run has already spent (its cap: %s USD); give more than "
+            "that" % (core.money(new_cap), core.money(spent), core.money(cap)))
+    if spent < cap:
+        return None
+    return ("budget spent: %s of its %s USD cap (%g/h since the run's first start, suspended time left out); "
+            "another attempt would bill past it - to go on, resume with --max-cost N, N above %s, to raise the cap"
+            % (core.money(spent), core.money(cap), clock["rate_per_hour"], core.money(spent)))
 
 
 def replay_argv(run):
     import runrec
     words = list(runrec.raw_launch(run.get("run_dir") or "", run)[1])
     cut = words.index("--") if "--" in words else len(words)
-    return [w for w in words[:cut] if w not in DROP_ON_REPLAY] + words[cut:]
+    options = capped_words([w for w in words[:cut] if w not in DROP_ON_REPLAY],
+                           runrec.read_budget(run["run_dir"]) if run.get("run_dir") else None)
+    return options + words[cut:]
+
+
+def _number(value):
+    return None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+
+
+def budget_hours_for(old_cap, new_cap, rate, hours):
+    """HOURS (a dead-man's --max-hours) for NEW_CAP: what the budget buys when HOURS was what OLD_CAP bought (a
+    launch's --max-cost sets it so), else HOURS unchanged (a tighter cap the user gave stays)."""
+    if hours is None or old_cap is None or abs(hours - core.budget_hours(old_cap, rate)) > 1e-9:
+        return hours
+    return core.budget_hours(new_cap, rate)
+
+
+def capped_words(options, clock):
+    """run_one.sh OPTIONS with the run's cap as its budget clock holds it (budget.json; `--max-cost` on a resume
+    changes it there): the dead-man's --budget-usd, and the --max-hours the old cap bought."""
+    cap, rate = _number((clock or {}).get("budget_usd")), _number((clock or {}).get("rate_per_hour"))
+    if cap is None or rate is None or rate <= 0:
+        return options
+    out, old = list(options), None
+    for i, word in enumerate(out):
+        after_arg = i > 0 and out[i - 1] == "--deadman-arg"
+        if after_arg and word.startswith("--budget-usd="):
+            old, out[i] = word.split("=", 1)[1], "--budget-usd=%.12g" % cap
+        elif after_arg and word == "--budget-usd" and i + 2 < len(out) and out[i + 1] == "--deadman-arg":
+            old, out[i + 2] = out[i + 2], "%.12g" % cap
+    try:
+        old = None if old is None else float(old)
+    except ValueError:
+        old = None
+    if old is None or old == cap:
+        return out
+    for i, word in enumerate(out[:-1]):
+        if word == "--max-hours":
+            try:
+                out[i + 1] = "%.12g" % budget_hours_for(old, cap, rate, float(out[i + 1]))
+            except ValueError:
+                pass
+    return out
 
 
 def rearm_args(run_dir):
-    """The killed dead-man's own settings (deadman.json): every option, the stop included (deadman.cfg_to_argv)."""
+    """The killed dead-man's own settings (deadman.json): every option, the stop included (deadman.cfg_to_argv);
+    its budget as the run's budget clock holds it now (a cap `--max-cost` changed since it was armed)."""
     import deadman
     cfg = core.read_json(os.path.join(run_dir, "deadman.json")).get("config") or {}
-    return deadman.cfg_to_argv(cfg) if isinstance(cfg, dict) else []
+    if not isinstance(cfg, dict):
+        return []
+    clock = runrec.read_budget(run_dir) or {}
+    cap, old = _number(clock.get("budget_usd")), _number(cfg.get("budget_usd"))
+    rate = _number(cfg.get("rate_per_hour"))
+    if cap is not None and old is not None and rate and cap != old:
+        cfg = dict(cfg, budget_usd=cap, max_hours=budget_hours_for(old, cap, rate, _number(cfg.get("max_hours"))))
+    return deadman.cfg_to_argv(cfg)
 
 
 def mark_failed(run_dir, status, why):
@@ -313,9 +394,30 @@ def resume_one(run_dir, args):
         code, result = resume_checks(run_dir, status, run, args)
         if code is not None:
             return code, result
+        if args.max_cost is not None:
+            stopped = new_budget(run_dir, args.max_cost, result)
+            if stopped:
+                return stopped
         return hand_over_detached(run_dir, status, run, result)
     finally:
         os.close(lock)
+
+
+def new_budget(run_dir, cap, result):
+    """--max-cost CAP, once every check passed: the run's budget clock gets the new cap (runrec.raise_budget,
+    with what was spent) before the relaunch, whose dead-man then holds it. -> (exit code, result) when the
+    resume must stop here, else None. RESULT["budget"] says what changed."""
+    clock = runrec.read_budget(run_dir)
+    spent = runrec.budget_spent_usd(clock, time.time())
+    try:
+        runrec.raise_budget(run_dir, clock, cap, spent)
+    except OSError as exc:
+        result.update(ok=False, action="resume failed", why="the new cap could not be recorded in %s (%s); "
+                      "nothing was started" % (runrec.BUDGET, exc.strerror or exc))
+        return 1, result
+    result["budget"] = {"from": clock.get("budget_usd"), "to": cap, "spent": round(spent, 6),
+                        "rate_per_hour": clock.get("rate_per_hour")}
+    return None
 
 
 SUPERVISOR_EXIT_SECONDS = 60
@@ -349,8 +451,12 @@ def resume_checks(run_dir, status, run, args):
     elif not dm["watching"] and deadman_busy(run_dir):
         why = ("its dead-man is stopping the box now (%s); resume after the stop finishes, if the box is still "
                "there" % dm["word"].lower())
+    elif args.max_cost is not None and runrec.budget_spent_usd(runrec.read_budget(run_dir) or {}, 0) is None:
+        why = ("--max-cost changes a run's budget, and this run has none (launched without --max-cost, or its "
+               "dead-man never started the budget clock, RUN_DIR/%s)" % runrec.BUDGET)
     else:
-        why = cannot_replay(run) or over_caps(run_dir, status, run, args.give_up_hours, args.max_attempts)
+        why = cannot_replay(run) or over_caps(run_dir, status, run, args.give_up_hours, args.max_attempts,
+                                              args.max_cost)
     if why:
         result["why"] = why
         return 3, result
@@ -368,6 +474,9 @@ def resume_checks(run_dir, status, run, args):
                 return 3, result
     if args.dry_run:
         result["action"] = "would resume"
+        if args.max_cost is not None:
+            result["warning"] = ((result.get("warning") + "; ") if result.get("warning") else "") + (
+                "would set the run's budget to %s USD" % core.money(args.max_cost))
         return 0, result
     return None, result
 
@@ -498,12 +607,17 @@ def main(argv=None):
     parser.add_argument("--force-restart", action="store_true",
                         help="with --run: resume a run that has no resume adapter although its restart from step 0 "
                              "supersedes the verified durable outputs (they are kept as a generation)")
+    parser.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True), metavar="USD",
+                        help="with --run: the run's new budget (all attempts together), above what it has spent; "
+                             "recorded in RUN_DIR/budget.json, and the new attempt's dead-man holds it")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     if bool(args.run) == bool(args.runs_dir):
         raise core.UsageError("give --runs-dir (at boot) or --run RUN_DIR (one explicit resume), not both or neither")
     if args.max_attempts is not None and (not args.run or args.max_attempts < 1):
         raise core.UsageError("--max-attempts needs --run and must be at least 1")
+    if args.max_cost is not None and not args.run:
+        raise core.UsageError("--max-cost needs --run (a boot sweep never raises a budget)")
     if args.run:
         if not os.path.isdir(args.run):
             raise core.UsageError("--run %s is not a directory" % args.run)
@@ -518,6 +632,9 @@ def main(argv=None):
                     r["resume_from"], r.get("written_by") or "?", " (put back from its verified durable copy "
                                                       "%s)" % r["restored_from"] if r.get("restored_from") else "",
                                                       " ".join(r.get("resume_args") or [])))
+            if r.get("budget"):
+                print("budget: the run's cap is now %s USD (was %s; %s spent so far)" % (
+                    core.money(r["budget"]["to"]), core.money(r["budget"]["from"]), core.money(r["budget"]["spent"])))
             if r.get("warning"):
                 print("WARN %s" % r["warning"])
         return code

@@ -57,10 +57,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import rgt_core as core  # noqa: E402
-import deadman  # noqa: E402  (the watcher, its options, its lock and detaching)
 import runrec  # noqa: E402
 import sessions  # noqa: E402
 import stop_engine  # noqa: E402
+import watcher  # noqa: E402  (the guarded loop, the option table, the lock and detaching)
 
 STATE = "idle_watch.json"
 FIRED = "IDLE_FIRED.json"
@@ -86,22 +86,22 @@ def gpu_busy(timeout, util_below):
     return "GPU utilization %s%% (threshold %g%%)" % ("/".join("%g" % v for v in values), util_below) if busy else None
 
 
-class IdleWatch(deadman.Watcher):
-    """The idle rule on the dead-man's guarded loop; the stop is the dead-man's (Watcher.fire)."""
+class IdleWatch(watcher.Watcher):
+    """The idle rule on the watchers' guarded loop; the stop is the one every watcher makes (Watcher.fire)."""
 
     NAME = "idle_watch"
     STATE_FILE = STATE
     FIRED_FILE = FIRED
 
     def __init__(self, watch_dir, cfg, foreground=False):
-        deadman.Watcher.__init__(self, watch_dir, cfg, foreground)
+        watcher.Watcher.__init__(self, watch_dir, cfg, foreground)
         self.idle_since = None   # monotonic: a wall-clock jump neither delays nor hastens a firing
         self.ticks = 0
         self.busy = []
         self.ssh = sessions.SshRule(cfg.get("ssh_idle_minutes"), cfg.get("ssh_wait_max_minutes"))
 
     def state_doc(self):
-        doc = deadman.Watcher.state_doc(self)
+        doc = watcher.Watcher.state_doc(self)
         doc.update(state=self.state.upper() if self.state != "armed" else "ARMED", ticks=self.ticks,
                    busy=list(self.busy), idle_seconds=round(self.idle_for(time.monotonic()), 1))
         return doc
@@ -149,7 +149,7 @@ class IdleWatch(deadman.Watcher):
         return None
 
     def fire(self, reason, detail, job_pid=None, job_alive=False):
-        rc = deadman.Watcher.fire(self, reason, detail)
+        rc = watcher.Watcher.fire(self, reason, detail)
         fired = self.fired or {}
         # One-line fields older readers use: the last attempt's exit code and the idle time.
         last = (fired.get("fallback") or {}).get("attempts") or fired.get("attempts") or [{}]
@@ -194,7 +194,7 @@ def build_config(args):
         raise core.Refused("the stop looks destructive (%s); an idle box may still hold the only copy of a "
                            "result. Use the platform's stop/pause action, or add --allow-destructive"
                            % (plan.get("destructive_inferred_from") or "declared destructive"))
-    cfg = {key: getattr(args, key) for key, _f, _k, _d, _t in deadman.WATCH_OPTIONS if hasattr(args, key)}
+    cfg = {key: getattr(args, key) for key, _f, _k, _d, _t in watcher.WATCH_OPTIONS if hasattr(args, key)}
     cfg.update(plan)
     cfg.update(idle_minutes=args.idle_minutes, util_below=args.util_below, gpu_timeout=args.gpu_timeout,
                no_gpu=args.no_gpu, ignore_ssh=args.ignore_ssh, max_hours=args.max_hours or 0.0,
@@ -217,11 +217,11 @@ def cmd_arm(args):
     for line in warnings:
         watch.log(line)
         sys.stderr.write(line + "\n")
-    lock_fd = deadman.take_lock(watch_dir)  # one watcher per dir, also against a racing arm
+    lock_fd = watcher.take_lock(watch_dir)  # one watcher per dir, also against a racing arm
     if args.foreground:
         return watch.loop()
     try:
-        pid = deadman.detach_and_run(watch, lock_fd)
+        pid = watcher.detach_and_run(watch, lock_fd)
     except RuntimeError as exc:
         raise core.CheckFailed("the idle watcher failed to start: %s (see %s)" % (exc, watch.p("deadman.log")))
     if args.json:
@@ -294,7 +294,7 @@ def build_parser():
                      help="seconds nvidia-smi may take; no reading counts as busy (20)")
     arm.add_argument("--no-gpu", action="store_true", help="a CPU-only box: skip the GPU reading")
     arm.add_argument("--ignore-ssh", action="store_true", help="SSH sessions never keep the box busy")
-    deadman.add_watch_options(arm, skip=("stall_minutes", "grace_minutes", "wait_ssh", "term_grace_seconds",
+    watcher.add_watch_options(arm, skip=("stall_minutes", "grace_minutes", "wait_ssh", "term_grace_seconds",
                                          "sync_wait_seconds", "budget_usd", "rate_per_hour", "disk_floor_gb",
                                          "disk_floor_inodes", "ssh_user"))   # a box watcher counts every user
     arm.add_argument("--foreground", action="store_true", help="do not detach (tests, debugging)")
@@ -312,10 +312,8 @@ def build_parser():
 
 def main(argv=None):
     core.check_toolkit()
-    args = build_parser().parse_args(argv)
-    if not args.command:
-        raise core.UsageError("give a command: arm, status or disarm")
-    return {"arm": cmd_arm, "status": cmd_status, "disarm": cmd_disarm}[args.command](args)
+    return watcher.run_command(build_parser(), "command", {"arm": cmd_arm, "status": cmd_status,
+                                                           "disarm": cmd_disarm}, argv)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ POD_FIELDS = "id name desiredStatus costPerHr volumeInGb containerDiskInGb runti
 Q_POD = "query pod($podId: String!) { pod(input: {podId: $podId}) { %s } }" % POD_FIELDS
 M_STOP = "mutation stopPod($podId: String!) { podStop(input: {podId: $podId}) { id desiredStatus } }"
 M_TERMINATE = "mutation terminatePod($podId: String!) { podTerminate(input: {podId: $podId}) }"
+# networkVolumeId on a GraphQL Pod: the Pod type's field (graphql-spec.runpod.io, as transcribed in
+# my-opencode/runpod-api-helper runpod.types.ts; the REST API's Pod has networkVolume.id instead, docs.runpod.io
+# api-reference openapi.json); checked 2026-12 against those, not against a live account. A query the API
+# refuses is an error, so billing then says UNKNOWN provider runpod, never OK.
 Q_FLEET = ("query myself { myself { pods { %s networkVolumeId "
            "runtime { ports { ip isIpPublic privatePort publicPort type } } } "
            "networkVolumes { id name size dataCenterId } } }" % POD_FIELDS)

@@ -21,6 +21,11 @@ Calls (Authorization: Bearer <key>; the paths the vastai CLI uses):
   stop       PUT    /api/v0/instances/{id}/  {"state": "stopped"}   (disk keeps billing)
   terminate  DELETE /api/v0/instances/{id}/                          (destroys the instance and its disk)
   list       GET    /api/v1/instances/ (paged by next_token), GET /api/v0/volumes?owner=me&type=all_volume
+             A volume is attached where either side says so: the volume's "instances" (an array; the vastai
+             CLI's volume table shows it, and docs.vast.ai/api-reference/volumes/list-volumes documents it, its
+             items' inner shape not: an id or an object's "id" is read) or an instance's "volume_info" (objects
+             with "id": the vastai CLI's own instance table reads them, vast-ai/vast-cli vast.py _fmt_volumes);
+             verified 2026-12. Neither matching: the volume is listed as billing.
 API base: RGT_VASTAI_API_URL, else VAST_URL (the CLI's variable), else https://console.vast.ai.
 Confirmation: cur_state reads stopped (stop), or unloaded / no such instance (terminate).
 """
@@ -101,10 +106,12 @@ class VastAI(pv.Adapter):
                 query["after_token"] = token
             doc = self._call("GET", "/api/v1/instances/", query=query, timeout=timeout)
             for inst in pv.listed(doc, "instances", "vastai instances"):
+                mounted = [str(v["id"]) for v in inst.get("volume_info") or [] if isinstance(v, dict) and
+                           v.get("id") is not None] if isinstance(inst.get("volume_info"), list) else []
                 instances.append(pv.row(NAME, "instance", inst.get("id"), inst.get("label"), instance_state(inst),
                                         inst.get("dph_total"), inst.get("actual_status"),
                                         ip=inst.get("public_ipaddr"), ssh_host=inst.get("ssh_host"),
-                                        ssh_port=inst.get("ssh_port")))
+                                        ssh_port=inst.get("ssh_port"), volumes=mounted or None))
             token, pages = doc.get("next_token"), pages + 1
             if not token or pages >= 40:
                 break

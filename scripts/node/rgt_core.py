@@ -984,6 +984,17 @@ def budget_hours(max_cost, rate):
     return math.floor(max_cost / rate * 10000) / 10000.0
 
 
+def money(value):
+    """VALUE with the precision it needs: two decimals from 1 up, else enough significant digits that a
+    small amount (0.02, 0.0035) never prints as 0.00 ("?" for None). The laptop and the node print money alike."""
+    if value is None:
+        return "?"
+    value = float(value)
+    if value == 0 or abs(value) >= 1:
+        return "%.2f" % value
+    return "%.3g" % value if abs(value) >= 0.001 else "%.2g" % value
+
+
 # ---------------------------------------------------------------- the stall rule
 
 def progress_age(run_dir, now=None):

@@ -584,7 +584,8 @@ def now_iso():
 # (the first dead-man armed with a budget), across attempts, re-arms and reboots, less the time the box was
 # suspended (a suspended box is frozen; the dead-man adds what it measured). Time the box was down between a
 # kill or a reboot and the next arming still counts: the meter may have run, so the clock errs on the side of
-# stopping early. RUN_DIR/budget.json: {"first_start": wall epoch, "suspended_s": s, "budget_usd", "rate_per_hour"}.
+# stopping early. RUN_DIR/budget.json: {"first_start": wall epoch, "suspended_s": s, "budget_usd", "rate_per_hour",
+# "raised": [{from, to, spent, at}] when `resume --max-cost` changed the cap}. A spent budget refuses a resume.
 BUDGET = "budget.json"
 
 
@@ -616,3 +617,23 @@ def add_suspended(run_dir, doc, seconds):
     """SECONDS of suspend measured by the dead-man: they do not count toward the budget."""
     doc["suspended_s"] = round(float(doc.get("suspended_s") or 0.0) + float(seconds), 3)
     return core.write_json_best_effort(path(run_dir, BUDGET), doc)
+
+
+def budget_spent_usd(doc, now):
+    """What DOC's clock has spent at wall time NOW: its hours x its rate, or None when it holds no rate."""
+    rate = doc.get("rate_per_hour")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+        return None
+    return budget_spent_hours(doc, now) * float(rate)
+
+
+def raise_budget(run_dir, doc, new_cap, spent):
+    """The user's explicit new cap for the run (boot_resume.py --run --max-cost): the clock keeps it, and each
+    change ({from, to, spent, at}) in "raised", so a cap is never changed silently. Raises OSError when the
+    clock cannot be written (the resume then stops: a cap nobody recorded is no cap)."""
+    doc = dict(doc)
+    doc["raised"] = list(doc.get("raised") or []) + [{"from": doc.get("budget_usd"), "to": new_cap,
+                                                      "spent": round(spent, 6), "at": now_iso()}]
+    doc["budget_usd"] = new_cap
+    core.atomic_write_json(path(run_dir, BUDGET), doc)
+    return doc

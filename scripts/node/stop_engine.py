@@ -484,6 +484,8 @@ class Engine(object):
         self.rec.pop("still_up_check_until", None)
         rec["revoked"] = {"at": core.utc_iso(), "detail": "the provider's state read stopped, but this box was still "
                           "up %.0f s later: confirmation revoked" % (self.clock() - start)}
+        # Revoked before the escalation saves the record: no reader may see "revoked" beside "confirmed".
+        rec["confirmed"] = self.rec["confirmed"] = False
         self.log("REVOKED: %s" % rec["revoked"]["detail"])
         self.escalate("%s: %s" % (NOT_CONFIRMED, rec["revoked"]["detail"]))
         return True
