@@ -198,6 +198,19 @@ def pid_alive(pid) -> bool:
         return False
 
 
+def untouched(pid) -> bool:
+    """True while PID runs with no signal pending. A fatal signal sent to a process shows at once as a pending
+    SIGKILL until it has exited, so "a command that returned signalled nothing" is checked here without a sleep."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open("/proc/%d/status" % int(pid)) as fh:
+            pending = dict(line.split(":", 1) for line in fh if line.startswith(("SigPnd", "ShdPnd")))
+    except OSError:
+        return False
+    return all(int(v.strip(), 16) == 0 for v in pending.values())
+
+
 def path_without(folder: Path, *hidden: str) -> str:
     """A PATH holding every program of the current PATH except HIDDEN (symlinks in FOLDER):
     how a bare machine without rsync or tmux looks to a script."""

@@ -1,4 +1,4 @@
-"""Job requests and the renderer run on them (test_render_job.py, test_laptop_round4.py)."""
+"""Job requests and the renderer run on them (test_render_job.py)."""
 import json
 import subprocess
 import sys

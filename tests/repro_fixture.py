@@ -1,4 +1,4 @@
-"""Git projects for the reproduction drills (test_repro.py, test_redteam_2.py)."""
+"""Git projects for the reproduction drills (test_repro.py, test_run_env.py)."""
 import subprocess
 
 from conftest import need

@@ -1,4 +1,4 @@
-"""A finished run's results for the pull, manifest and gate drills (test_pull.py, test_redteam.py), and the
+"""A finished run's results for the pull, manifest and gate drills (test_pull.py, test_reconcile.py), and the
 verified pull run on it.
 
 The `node` and `profile_env` fixtures in conftest.py are built from these helpers.

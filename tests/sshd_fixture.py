@@ -27,8 +27,9 @@ from conftest import need, path_without
 
 class SshdServer:
     def __init__(self, base: Path, sshd: str, ssh: str, keygen: str, node_path: str = None, log_level: str = "ERROR",
-                 client_mux: bool = True):
+                 client_mux: bool = True, node_env: dict = None):
         self.base = base
+        self.node_env = dict(node_env or {})  # more variables every session on the "node" sees (sshd's SetEnv)
         self.log_level = log_level      # INFO logs one "Accepted publickey" line per connection (test_fast_paths)
         self.client_mux = client_mux    # False: the client config does not multiplex (each ssh connects anew)
         self.node_path = node_path  # PATH of every session on the "node" (None: sshd's default)
@@ -52,10 +53,11 @@ class SshdServer:
                               capture_output=True, text=True, timeout=60, **kwargs)
 
     def _set_env(self):
-        """Variables every session on the 'node' gets: the bare node's PATH, and this test process's
-        tmux socket dir (conftest.py), so runs launched over SSH by two xdist workers never share a socket."""
+        """Variables every session on the 'node' gets: the bare node's PATH, this test process's tmux socket dir
+        (conftest.py), so runs launched over SSH by two xdist workers never share a socket, and NODE_ENV's."""
         pairs = ([f"PATH={self.node_path}"] if self.node_path else []) + \
-            ([f"TMUX_TMPDIR={os.environ['TMUX_TMPDIR']}"] if os.environ.get("TMUX_TMPDIR") else [])
+            ([f"TMUX_TMPDIR={os.environ['TMUX_TMPDIR']}"] if os.environ.get("TMUX_TMPDIR") else []) + \
+            [f"{k}={v}" for k, v in sorted(self.node_env.items())]
         return ["SetEnv " + " ".join(pairs)] if pairs else []
 
     def _keys(self):

@@ -28,7 +28,9 @@ POLL = "0.05"
 NO_STOP = "no on-node stop command; the meter is still running"
 REFUSED = "refused: destructive stop without verified durable sync"
 
-# A job that checkpoints on SIGTERM: it writes the time into argv[1] and exits 143.
+# A job that checkpoints on SIGTERM: it writes the time into argv[1] and exits 143. SIGWINCH is the tests'
+# barrier: it touches argv[1].barrier, and Python runs pending handlers in signal order, so a SIGTERM sent
+# before it is handled first (see handled_signals_before).
 TERM_JOB = r"""
 import signal, sys, time
 def on_term(signum, frame):
@@ -36,6 +38,7 @@ def on_term(signum, frame):
         fh.write(repr(time.time()))
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGWINCH, lambda signum, frame: open(sys.argv[1] + ".barrier", "w").close())
 time.sleep(60)
 """
 
@@ -116,6 +119,20 @@ def start_job(procs, code, *args):
                             stdin=subprocess.DEVNULL)
     procs.append(proc)
     return proc
+
+
+def handled_signals_before(job, marker):
+    """Returns once the TERM_JOB JOB has handled every signal sent to it before this call (its barrier file is
+    there, or it exited): a negative check on the job then needs no sleep. SIGWINCH is sent again until then:
+    one that comes before the job set its handler is ignored."""
+    barrier = marker.parent / (marker.name + ".barrier")
+
+    def answered():
+        if barrier.exists() or not pid_alive(job.pid):
+            return True
+        os.kill(job.pid, signal.SIGWINCH)
+        return False
+    return wait_for(answered, 30)
 
 
 def deadman(*args, env=None, timeout=30):
@@ -303,7 +320,7 @@ def test_dry_run_records_but_runs_and_signals_nothing(tmp_path, procs):
     assert fired["dry_run"] is True and fired["would_run"] == stop + " x" and fired["attempts"] == []
     assert fired["ok"] is False and fired["job_term"]["dry_run"] is True
     assert calls_of(calls) == [] and calls_of(pre_calls) == []
-    time.sleep(0.2)
+    assert handled_signals_before(job, marker)        # the dead-man has exited: anything it sent is handled
     assert pid_alive(job.pid) and not marker.exists(), "dry run signalled the job"
     assert "DRY RUN: would run" in (run / "deadman.log").read_text()
 
@@ -460,8 +477,9 @@ def test_arm_detaches_refuses_a_second_and_ignores_sighup(tmp_path, procs):
     assert os.getsid(pid) != pid, "not double-forked: a session leader can reacquire a terminal"
     assert os.path.realpath("/proc/%d/fd/0" % pid) == os.devnull
     assert os.path.realpath("/proc/%d/fd/1" % pid) == str(run / "deadman.log")
-    os.kill(pid, signal.SIGHUP)
-    time.sleep(0.3)
+    seen = evaluations(run)
+    os.kill(pid, signal.SIGHUP)      # a SIGHUP that killed it would leave no further evaluation
+    assert wait_for(lambda: evaluations(run) >= seen + 2 or not pid_alive(pid), 30)
     assert pid_alive(pid), "SIGHUP killed the dead-man"
     second = deadman("arm", "--run-dir", run, "--stop-cmd", stop)
     assert second.returncode == 3

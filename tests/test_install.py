@@ -163,3 +163,70 @@ def test_finding_laptop_L9_force_moves_the_old_tree_aside_and_never_deletes_it(h
     assert res.returncode == 0 and "KEPT the old tree at" in res.stdout, res.stdout + res.stderr
     assert [p.name for p in (home / ".agents" / ".rgt-replaced").iterdir()][0].startswith(SKILL)
     assert (next((home / ".agents" / ".rgt-replaced").iterdir()) / "notes.txt").read_text() == "mine"
+
+
+# ---------------------------------------------------------------- red-team findings (reports/redteam-2026-12.md)
+from conftest import SCRIPTS  # noqa: E402
+
+
+# ---------------------------------------------------------------- 23: tracebacks and undocumented exit codes
+
+@pytest.mark.drill("red-team findings stay fixed")
+def test_finding_23_install_skill_over_long_project_is_one_line_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPTS / "install_skill.py"), "--dry-run", "--project", "a" * 300],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME=str(tmp_path)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "--project" in done.stderr
+
+
+# ---------------------------------------------------------------- 26: install_skill copying itself
+
+@pytest.mark.drill("red-team findings stay fixed")
+@pytest.mark.parametrize("inside", ["scripts", "references/sub"])
+def test_finding_26_install_into_a_carried_folder_is_refused(tmp_path, inside):
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO, checkout, ignore=shutil.ignore_patterns(".git", "tests", "__pycache__", "evals", ".ci"))
+    target = checkout / inside
+    before = sorted(str(p) for p in checkout.rglob("*"))
+    done = subprocess.run([sys.executable, str(checkout / "scripts" / "install_skill.py"), "--target", str(target)],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, HOME=str(tmp_path)))
+    assert done.returncode == 2, done.stderr[:500]
+    assert done.stderr.count("\n") == 1 and len(done.stderr) < 1000
+    assert sorted(str(p) for p in checkout.rglob("*")) == before, "the refused install left files behind"
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+
+
+def run_py(script, *args, env=None, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+# ---------------------------------------------------------------- laptop 2: install_skill --link --force
+
+def test_finding_laptop_2_link_force_never_deletes_the_checkout_it_runs_from(tmp_path):
+    """The README's git-clone install, then `install_skill.py --agent claude --link --force` from inside it:
+    the checkout (its .git and the user's own files) must survive, and no self-pointing link is made."""
+    home = tmp_path / "home"
+    clone = home / ".claude" / "skills" / SKILL
+    clone.mkdir(parents=True)
+    for item in ("SKILL.md", "LICENSE", "README.md", "SECURITY.md", "references", "profiles", "scripts",
+                 "examples"):
+        src = REPO / item
+        if src.is_dir():
+            shutil.copytree(src, clone / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, clone / item)
+    assert subprocess.run(["git", "init", "-q", str(clone)], capture_output=True).returncode == 0
+    (clone / "MYNOTES.txt").write_text("uncommitted notes\n")
+    env = dict(os.environ, HOME=str(home))
+    for extra in (["--agent", "claude"], []):
+        res = run_py(clone / "scripts" / "install_skill.py", *extra, "--link", "--force", env=env, cwd=clone)
+        assert "Traceback" not in res.stderr, res.stderr
+        assert "SKIP" in res.stdout and "this checkout itself" in res.stdout, res.stdout + res.stderr
+        assert clone.is_dir() and not clone.is_symlink()
+        assert (clone / ".git").is_dir() and (clone / "MYNOTES.txt").read_text() == "uncommitted notes\n"
+    # the shared folder had no install: it gets a link to the checkout, which resolves
+    shared = home / ".agents" / "skills" / SKILL
+    assert shared.is_symlink() and shared.resolve() == clone.resolve()

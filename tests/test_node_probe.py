@@ -429,3 +429,52 @@ def test_every_option_is_in_the_docstring_and_back(name):
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", mod.__doc__))
     assert accepted - named == set(), "accepted but not in the docstring"
     assert named - accepted == set(), "in the docstring but not accepted"
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+
+
+def run_py(script, *args, env=None, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+# ---------------------------------------------------------------- field R14, R17: node_probe
+
+STUB_TORCH = ("__version__ = '9.9.9+stub'\n"
+              "class cuda:\n"
+              "    is_available = staticmethod(lambda: False)\n"
+              "    device_count = staticmethod(lambda: 0)\n"
+              "class version:\n"
+              "    cuda = None\n")
+
+
+def test_finding_field_R14_probe_checks_torch_in_the_jobs_python(tmp_path):
+    """A stand-in torch (a stub module, said here) lives only on the job's interpreter path: --python finds it
+    there; the probe's own python is not what the job runs."""
+    site = tmp_path / "site" / "torch"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text(STUB_TORCH)
+    job_py = tmp_path / "venv" / "bin" / "python"
+    job_py.parent.mkdir(parents=True)
+    job_py.write_text('#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' % (tmp_path / "site", sys.executable))
+    job_py.chmod(0o755)
+    res = run_py(NODE / "node_probe.py", "--python", job_py, "--torch", "--json", "--gpu-timeout", "1")
+    assert res.returncode == 0, res.stderr
+    torch = json.loads(res.stdout)["torch"]
+    assert torch["installed"] is True and torch["version"] == "9.9.9+stub" and torch["python"] == str(job_py)
+    assert torch["cuda_available"] is False
+    human = run_py(NODE / "node_probe.py", "--python", job_py, "--gpu-timeout", "1")
+    assert str(job_py) in human.stdout
+    bad = run_py(NODE / "node_probe.py", "--python", tmp_path / "nope", "--json")
+    assert bad.returncode == 2 and "--python" in bad.stderr and bad.stderr.count("\n") == 1, bad.stderr
+
+
+def test_finding_field_R17_probe_help_names_every_host_network_contacts(tmp_path):
+    sys.path.insert(0, str(NODE))
+    import node_probe
+    res = run_py(NODE / "node_probe.py", "--help")
+    flat = " ".join(res.stdout.split())
+    for host in node_probe.DEFAULT_TARGETS:
+        assert host in flat, host
+    assert "443" in flat

@@ -705,3 +705,34 @@ def test_notif_canary_secret_is_found_nowhere_but_its_0600_file(tmp_path, server
     hits = files_holding(str(tmp_path), canary.encode(), skip={str(cfg), src})
     assert hits == [], hits
     assert not any(canary in out for out in outputs)
+
+
+# ---------------------------------------------------------------- laptop round 5 findings (issue 35)
+
+
+# ---------------------------------------------------------------- L16: the notify config among a run's results
+
+def test_finding_laptop_L16_notify_setup_refuses_a_config_path_under_a_durable_or_results_dir(tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    pulled = tmp_path / "pulled"
+    events = [{"event": "launch", "run_id": "sec2", "profile": "vastai", "state": "launched", "attempt": 1,
+               "run_dir": "~/rgt/runs/sec2", "results_dir": "~/rgt/results/sec2"},
+              {"event": "pull", "run_id": "sec2", "dest": str(pulled), "state": "pulled"}]
+    ledger.write_text("".join(json.dumps(dict(r, host="gpu", time="2026-12-05T10:00:0%dZ" % i)) + "\n"
+                              for i, r in enumerate(events)))
+    src = tmp_path / "n.json"
+    src.write_text(json.dumps({"targets": [{"type": "ntfy", "url": "https://ntfy.example/topic"}]}))
+    src.chmod(0o600)
+
+    def setup(path):
+        return subprocess.run([sys.executable, str(RGT), "--ssh-config", "/dev/null", "--ledger", str(ledger),
+                               "notify", "setup", "gpu", "--from", str(src), "--config-path", path],
+                              capture_output=True, text=True, timeout=120)
+    for path in ("~/rgt/results/sec2/logs/notify.json", "~/rgt/runs/sec2/notify.json", "~/rgt/notify.json",
+                 "~/rgt/results/../results/other/n.json", str(pulled / "sec2" / "notify.json")):
+        res = setup(path)
+        assert res.returncode == 2 and "durable or results dir" in res.stderr, (path, res.stderr)
+        assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    # a path outside them goes on to the node (here: no node, so ssh's own 255)
+    res = setup("~/.config/rgt/notify.json")
+    assert res.returncode == 255 and "durable or results dir" not in res.stderr, res.stderr

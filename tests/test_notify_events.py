@@ -432,3 +432,48 @@ def test_notif_the_dead_man_and_the_stop_engine_tell_only_the_runs_events(tmp_pa
     assert set(events(heard)) == {"stop_not_confirmed"}, heard     # the engine's escalations, nothing else
     notified = read(run / "DEADMAN_FIRED.json")["notified"]
     assert {n["event"] for n in notified} == {"stop_not_confirmed"} and notified[0]["sent"] == ["hook"]
+
+
+# ---------------------------------------------------------------- laptop round 5 findings (issue 35)
+import signal  # noqa: E402
+
+
+# ---------------------------------------------------------------- N18: what a running run, a launch and a failure say
+
+WAITING_JOB = "import os, time\nprint('step 1/2', flush=True)\nwhile not os.path.exists('go'): time.sleep(0.05)\n"
+
+
+def test_finding_field_N18_a_failed_message_always_says_why(tmp_path):
+    """The supervisor's `failed` message for a run stopped from outside (a cap, a preemption: here its forwarded
+    SIGTERM) and for a job that exited non-zero names the reason; no field reads null."""
+    from conftest import webhook_target
+    server, heard, values = webhook_target(tmp_path, "a-long-enough-test-secret")
+    env = dict(os.environ, **values)
+    work, durable = tmp_path / "work", tmp_path / "durable"
+    work.mkdir()
+    base = ["bash", str(NODE / "run_one.sh"), "--profile", "local", "--durable-dir", str(durable),
+            "--disk-floor-gb", "0", "--no-deadman"]
+    try:
+        res = subprocess.run(base + ["--run-id", "bad", "--wait", "--", "sh", "-c", "exit 3"], cwd=str(work),
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert "finished:" in res.stdout, res.stdout + res.stderr
+        # the synced supervisor.log holds the supervisor's own account, not nothing
+        synced = (durable / "results" / "bad" / "logs" / "supervisor.log").read_text()
+        assert "job exited with code 3" in synced, synced
+        res = subprocess.run(base + ["--run-id", "cut", "--", "python3", "-c", WAITING_JOB], cwd=str(work),
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        status = durable / "runs" / "cut" / "status.json"
+        assert wait_for(lambda: json.loads(status.read_text()).get("state") == "running", 60)
+        os.kill(json.loads(status.read_text())["supervisor_pid"], signal.SIGTERM)   # a preemption's signal
+        assert wait_for(lambda: len([h for h in heard if h["event"] == "failed"]) == 2, 120), heard
+    finally:
+        (work / "go").write_text("")
+        server.shutdown()
+        server.server_close()
+    failed = {h["fields"]["run_id"]: h for h in heard if h["event"] == "failed"}
+    assert failed["bad"]["fields"]["reason"] == "the job exited with code 3", failed["bad"]
+    assert failed["cut"]["fields"]["state"] == "interrupted", failed["cut"]
+    assert failed["cut"]["fields"]["reason"].startswith("stopped by signal SIGTERM"), failed["cut"]
+    for message in failed.values():
+        assert "null" not in message["text"] and "n/a" not in message["text"], message["text"]

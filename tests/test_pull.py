@@ -637,3 +637,418 @@ def test_gate_inspect_runs_the_checkpoint_inspector(tmp_path, profile_env):
     assert pull(str(plain), tmp_path / "dest3").returncode == 0
     none = gate(tmp_path / "dest3" / RUN, profile_env, "--source", str(plain), "--inspect")
     assert none.returncode == 0, none.stdout
+
+
+# ---------------------------------------------------------------- red-team findings (reports/redteam-2026-12.md)
+import threading  # noqa: E402
+from conftest import wait_for  # noqa: E402
+
+
+def pids_with(*needles):
+    """Live (non-zombie) processes whose command line holds every NEEDLE."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            with open(f"/proc/{name}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and all(n in cmd for n in needles):
+            found.append(int(name))
+    return found
+
+
+# ---------------------------------------------------------------- 16: "ALREADY verified" on a corrupted copy
+
+@pytest.mark.drill("red-team findings stay fixed")
+def test_finding_16_already_pulled_copy_is_rehashed(node, tmp_path):
+    dest = tmp_path / "pulled"
+    assert pull(str(node), dest).returncode == 0
+    flip_byte(dest / RUN / "ckpt" / "epoch_1.pt", 77)          # same size, one byte changed locally
+    again = pull(str(node), dest)
+    claims_verified = again.returncode == 0 and "not re-verified" not in again.stdout
+    assert not claims_verified, again.stdout
+    assert again.returncode == 3 and "epoch_1.pt" in again.stdout + again.stderr
+
+
+# ---------------------------------------------------------------- 17: kill -9 of the puller orphans rsync
+
+@pytest.mark.drill("red-team findings stay fixed")
+def test_finding_17_killing_the_puller_kills_its_rsync(sshd_server, tmp_path):
+    need("rsync")
+    root = make_results(tmp_path / "node" / "results")
+    with open(root / "ckpt" / "big.pt", "wb") as fh:           # ~100 s at the rate cap below
+        fh.write(b"\x80\x02GOOD" + b"\0" * (48 << 20))
+    assert build(root).returncode == 0
+    dest = tmp_path / "pulled"
+    staging = str(dest / f".staging-{RUN}")
+    puller = subprocess.Popen([sys.executable, str(PULL), "--source", f"gpu-box:{root}", "--dest", str(dest),
+                               "--rsh", sshd_server.rsh, "--transport", "rsync", "--bwlimit", "500"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: pids_with("rsync", staging), 90), "rsync never started"
+        puller.kill()
+        puller.wait(30)
+        assert wait_for(lambda: not pids_with("rsync", staging), 30), \
+            "rsync still writes into staging after its puller was killed"
+        second = pull(f"gpu-box:{root}", dest, sshd_server.rsh)
+        assert not (second.returncode == 0 and pids_with("rsync", staging))
+    finally:
+        if puller.poll() is None:
+            puller.kill()
+            puller.wait(30)
+        for pid in pids_with("rsync", staging) + pids_with("rsync", "--server", str(root)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------- 18: the gate loses the node's FAIL reason
+
+class _Recorded(subprocess.Popen):
+    started = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _Recorded.started.append(self)
+
+
+class _LateThread(threading.Thread):
+    """A thread that starts its work only once every recorded child has been reaped (30 s cap): the
+    schedule under which a second reader of the child's stderr loses the race."""
+
+    def run(self):
+        end = time.monotonic() + 30
+        while time.monotonic() < end and any(p.returncode is None for p in _Recorded.started):
+            time.sleep(0.02)
+        super().run()
+
+
+@pytest.mark.drill("red-team findings stay fixed")
+def test_finding_18_the_gate_keeps_the_nodes_fail_reason(node, tmp_path, profile_env, monkeypatch, capsys):
+    sys.path.insert(0, str(SCRIPTS))
+    import teardown_gate
+    dest = tmp_path / "pulled"
+    assert pull(str(node), dest).returncode == 0
+    (node / "final.json").unlink()                              # the node lost a pulled file after the pull
+    monkeypatch.setenv("RGT_PROFILE_INDEX", profile_env["RGT_PROFILE_INDEX"])
+    monkeypatch.setattr(_Recorded, "started", [])
+    monkeypatch.setattr(teardown_gate.subprocess, "Popen", _Recorded)
+    monkeypatch.setattr(teardown_gate.threading, "Thread", _LateThread)
+    code = teardown_gate.main(["--pulled", str(dest / RUN), "--profile", "examplecloud", "--source", str(node)])
+    out, err = capsys.readouterr()
+    assert code == 3, out
+    assert "REASON node:" in out and "FAIL unmatched: final.json" in out, out
+    assert "closed file" not in err
+
+
+@pytest.mark.drill("red-team findings stay fixed")
+@pytest.mark.parametrize("case", ["empty-source", "load-check-not-executable", "load-check-directory",
+                                  "load-check-long-name"])
+def test_finding_23_teardown_gate_bad_input_keeps_the_exit_contract(node, tmp_path, profile_env, case):
+    dest = tmp_path / "pulled"
+    assert pull(str(node), dest).returncode == 0
+    script = tmp_path / "check_ckpt.py"
+    script.write_text("import sys\n")                           # not executable
+    extra = {"empty-source": ["--source", ""],
+             "load-check-not-executable": ["--source", node, "--load-check", script],
+             "load-check-directory": ["--source", node, "--load-check", tmp_path],
+             "load-check-long-name": ["--source", node, "--load-check", tmp_path / ("c" * 300)]}[case]
+    done = run(GATE, "--pulled", dest / RUN, "--profile", "examplecloud", *extra, env=profile_env)
+    assert done.returncode in (2, 3), (done.returncode, done.stdout, done.stderr)
+    assert "unexpected" not in done.stderr and "Traceback" not in done.stderr
+    if done.returncode == 3:
+        assert "REASON load-check" in done.stdout
+
+
+# ---------------------------------------------------------------- 24: a node without rsync
+
+@pytest.mark.drill("red-team findings stay fixed")
+def test_finding_24_node_without_rsync_falls_back_to_tar(sshd_server, node, tmp_path):
+    need("rsync")
+    bare = path_without(tmp_path / "norsync", "rsync")
+    wrapper = tmp_path / "norsync_ssh.sh"   # the node's shell sees a PATH without rsync; this side keeps it
+    wrapper.write_text('#!/bin/bash\nhost=$1; shift\nexec ssh -F %s "$host" "export PATH=%s; $*"\n'
+                       % (sshd_server.config, bare))
+    wrapper.chmod(0o755)
+    assert subprocess.run([str(wrapper), "gpu-box", "command -v rsync"], capture_output=True,
+                          timeout=60).returncode != 0
+    done = run(PULL, "--source", f"gpu-box:{node}", "--dest", tmp_path / "pulled", "--rsh", str(wrapper), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["transport"] == "tar" and not [p for p in summary["problems"] if p["code"] == "missing"]
+    manifest = json.loads((node / "PULL_MANIFEST.json").read_text())
+    for entry in manifest["files"]:
+        assert (tmp_path / "pulled" / RUN / entry["path"]).read_bytes() == (node / entry["path"]).read_bytes()
+
+
+# ---------------------------------------------------------------- 25: the gate trusts a manifest it holds
+
+@pytest.mark.drill("red-team findings stay fixed")
+def test_finding_25_gate_refuses_the_pulls_own_manifest(node, tmp_path, profile_env):
+    dest = tmp_path / "pulled"
+    assert pull(str(node), dest).returncode == 0
+    own = dest / RUN / "PULL_MANIFEST.json"
+    done = run(GATE, "--pulled", dest / RUN, "--profile", "examplecloud", "--manifest", own, env=profile_env)
+    assert done.returncode == 2 and "PASS" not in done.stdout, done.stdout
+    # The only way to a PASS is the node's files re-hashed now: a file the node lost after the pull refuses,
+    # though the stored manifest on the node still lists it.
+    (node / "final.json").unlink()
+    refused = run(GATE, "--pulled", dest / RUN, "--profile", "examplecloud", "--source", node, env=profile_env)
+    assert refused.returncode == 3 and "REASON" in refused.stdout, refused.stdout
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+from conftest import REPO  # noqa: E402
+
+
+def run_py(script, *args, env=None, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+FAKE_SSH = r'''
+import os, subprocess, sys, tarfile, time
+args = sys.argv[1:]
+while args and args[0].startswith("-"):       # ssh options, if any
+    args = args[2:] if args[0] in ("-F", "-p", "-i", "-o", "-l") else args[1:]
+host, command = args[0], " ".join(args[1:])
+mode = os.environ["FAKE_MODE"]
+if command.startswith(("cat ", "command -v")):
+    sys.exit(subprocess.run(["bash", "-c", command]).returncode)
+if command.startswith("rsync"):               # rsync's server side never answers
+    sys.stdin.buffer.read()
+    sys.exit(0)
+if command.startswith("python3 - --run-state"):   # is a run still running: answered by this machine
+    sys.exit(subprocess.run(["bash", "-c", command]).returncode)
+if command.startswith("python3 -"):           # the gate's re-hash: reads the program, then hangs
+    sys.stdin.buffer.read()
+    time.sleep(600)
+    sys.exit(1)
+sys.stdin.buffer.read()                       # the tar transport: the list of wanted files
+info = tarfile.TarInfo(os.environ["FAKE_MEMBER"])
+info.size = int(os.environ["FAKE_SIZE"])
+out = sys.stdout.buffer
+out.write(info.tobuf(format=tarfile.PAX_FORMAT))
+if mode == "stall":                           # part of the member's data, then nothing
+    out.write(b"x" * (info.size // 2))
+    out.flush()
+    time.sleep(600)
+else:                                         # "huge": as many zeros as the header claims
+    chunk = b"\0" * (1 << 20)
+    for _ in range(info.size // len(chunk)):
+        out.write(chunk)
+out.flush()
+'''
+
+
+@pytest.fixture
+def fake_node(tmp_path):
+    """A results dir with a real manifest, and the ssh stand-in that serves it."""
+    results = tmp_path / "node" / "results" / "fk1"
+    (results / "out").mkdir(parents=True)
+    (results / "out" / "final.json").write_text('{"ok": 1}')
+    res = run_py(NODE / "build_pull_manifest.py", "--root", results, "--run-id", "fk1", "--roster", "out/*")
+    assert res.returncode == 0, res.stderr
+    fake = tmp_path / "fake_ssh.py"
+    fake.write_text(FAKE_SSH)
+    return results, "%s %s" % (sys.executable, fake)
+
+
+def pull_via(results, rsh, dest, mode, *extra, member="./out/final.json", size=9):
+    env = dict(os.environ, FAKE_MODE=mode, FAKE_MEMBER=member, FAKE_SIZE=str(size))
+    return run_py(SCRIPTS / "pull_verified.py", "--source", "box:%s" % results, "--dest", dest, "--rsh", rsh,
+                  "--stall-seconds", "2", *extra, env=env, timeout=300)
+
+
+def test_finding_laptop_10_a_stalled_pull_or_gate_ends_in_one_line_and_can_resume(tmp_path, fake_node):
+    results, rsh = fake_node
+    dest = tmp_path / "pulled"
+    res = pull_via(results, rsh, dest, "stall", "--transport", "tar")     # the header matches the manifest
+    assert res.returncode == 1 and "STALLED: the node sent nothing for 2 s" in res.stdout, res.stdout + res.stderr
+    assert (dest / ".staging-fk1").is_dir() and not (dest / "fk1").exists()   # kept for the next run
+    if shutil.which("rsync"):
+        res = pull_via(results, rsh, dest, "stall", "--transport", "rsync")
+        assert res.returncode == 1 and "STALLED" in res.stdout, res.stdout + res.stderr
+    # the gate's re-hash: the node reads the program and then says nothing
+    pulled = tmp_path / "good"
+    ok = run_py(SCRIPTS / "pull_verified.py", "--source", results, "--dest", pulled)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    env = dict(os.environ, FAKE_MODE="stall", FAKE_MEMBER="x", FAKE_SIZE="0")
+    gate = run_py(SCRIPTS / "teardown_gate.py", "--pulled", pulled / "fk1", "--source", "box:%s" % results,
+                  "--rsh", rsh, "--profile", "vastai", "--stall-seconds", "2", env=env, timeout=300)
+    assert gate.returncode == 3 and "the node stopped answering: no output for 2 s" in gate.stdout,\
+        gate.stdout + gate.stderr
+
+
+def test_finding_laptop_11_a_tar_member_larger_than_the_manifest_is_never_written(tmp_path, fake_node):
+    results, rsh = fake_node
+    dest = tmp_path / "pulled"
+    res = pull_via(results, rsh, dest, "huge", "--transport", "tar", size=64 << 20)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "FAIL size" in res.stdout and "the manifest says 9" in res.stdout, res.stdout
+    biggest = max((p.stat().st_size for p in dest.rglob("*") if p.is_file() and p != dest / ".gitignore"),
+                  default=0)
+    assert biggest <= 9, "a %d-byte file landed on the laptop for a 9-byte manifest entry" % biggest
+
+
+# ---------------------------------------------------------------- newcomer 3: what a pull leaves behind
+
+def test_finding_newcomer_3_a_pull_leaves_no_lock_and_stays_out_of_git(tmp_path, fake_node):
+    results, _rsh = fake_node
+    project = tmp_path / "project"
+    project.mkdir()
+    assert subprocess.run(["git", "init", "-q", str(project)], capture_output=True).returncode == 0
+    res = run_py(SCRIPTS / "pull_verified.py", "--source", results, "--dest", "pulled", cwd=project)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (project / "pulled" / "fk1" / "out" / "final.json").is_file()
+    assert sorted(p.name for p in (project / "pulled").iterdir()) == [".gitignore", "fk1"]   # no .pull-fk1.lock
+    status = subprocess.run(["git", "-C", str(project), "status", "--porcelain", "--untracked-files=all"],
+                            capture_output=True, text=True)
+    assert status.stdout == "", status.stdout          # pulled/ is not offered for a commit
+    again = run_py(SCRIPTS / "pull_verified.py", "--source", results, "--dest", "pulled", cwd=project)
+    assert again.returncode == 0 and "ALREADY" in again.stdout
+    assert "pulled/" in (REPO / ".gitignore").read_text().split()   # nor in this checkout, where the README runs
+
+
+# ---------------------------------------------------------------- laptop 13 (field R10), laptop 14 (review B4)
+
+def test_finding_laptop_13_and_field_R10_the_pasteable_sweep_line_expands_tilde(tmp_path):
+    sys.path.insert(0, str(SCRIPTS))
+    import teardown_gate
+    word = teardown_gate.runs_dir_of("gpu:~/rgt/results/exp1")
+    line = teardown_gate.SWEEP_HINT % ("exp1", word)
+    assert "'~" not in line
+    home = tmp_path / "nodehome"
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + word], capture_output=True, text=True,
+                         env=dict(os.environ, HOME=str(home)))
+    assert out.stdout == "%s/rgt/runs\n" % home, out.stdout
+    spaced = teardown_gate.runs_dir_of("gpu:~/my dur/results/exp1")
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + spaced], capture_output=True, text=True,
+                         env=dict(os.environ, HOME=str(home)))
+    assert out.stdout == "%s/my dur/runs\n" % home, out.stdout
+
+
+# ---------------------------------------------------------------- laptop round 5 findings (issue 35)
+import fcntl  # noqa: E402
+
+
+RGT = SCRIPTS / "rgt.py"
+
+
+def rgt(tmp_path, server, *args, ledger=None, env=None, timeout=300):
+    """rgt.py as the user runs it against the test sshd (its own node-bin and ledger under TMP_PATH)."""
+    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
+            "--ledger", str(ledger or tmp_path / "ledger.jsonl")]
+    env = dict(env or os.environ)
+    env.pop("RGT_PROFILE_INDEX", None)
+    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path, env=env)
+
+
+def rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def pushed(tmp_path, server):
+    res = rgt(tmp_path, server, "push", "gpu-box", "--transport", "tar")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ssh as the stand-in node: `-G` answers as ssh does, `-O exit` ends no master, `cat` of the manifest runs here,
+# and the tar stream hangs (a slow node), recording its pid and its parent's (pull_verified.py) first
+HANGING_SSH = r'''#!/usr/bin/env python3
+import os, subprocess, sys, time
+argv = sys.argv[1:]
+if "-G" in argv:
+    print("user tester\nhostname 127.0.0.1\nport 22"); sys.exit(0)
+if "-O" in argv:
+    sys.exit(0)
+command = argv[-1]
+if "tar" in command:
+    with open(os.environ["HANG_PIDS"], "w") as fh:
+        fh.write("%d %d\n" % (os.getpid(), os.getppid()))
+    time.sleep(600)
+    sys.exit(1)
+sys.exit(subprocess.run(["sh", "-c", command]).returncode)
+'''
+
+
+def alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_finding_laptop_L13_a_killed_pull_ends_its_child_and_leaves_a_ledger_row(tmp_path):
+    results = tmp_path / "node" / "results" / "fk1"
+    (results / "out").mkdir(parents=True)
+    (results / "out" / "final.json").write_text('{"ok": 1}')
+    res = subprocess.run([sys.executable, str(NODE / "build_pull_manifest.py"), "--root", str(results), "--run-id",
+                          "fk1", "--roster", "out/*"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    bindir, ctl = tmp_path / "bin", tmp_path / "ctl"
+    bindir.mkdir()
+    ctl.mkdir()
+    (bindir / "ssh").write_text(HANGING_SSH)
+    (bindir / "ssh").chmod(0o755)
+    pids, ledger = tmp_path / "hang.pids", tmp_path / "ledger.jsonl"
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]), HANG_PIDS=str(pids),
+               RGT_SSH_CONTROL_PARENT=str(ctl))
+    proc = subprocess.Popen([sys.executable, str(RGT), "--ledger", str(ledger), "pull", "gpu", "fk1",
+                             "--durable-dir", str(tmp_path / "node"), "--transport", "tar", "--dest",
+                             str(tmp_path / "pulled")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: pids.is_file() and pids.read_text().endswith("\n"), 120), proc.stderr.read1()
+        hanging, puller = map(int, pids.read_text().split())
+        assert len(os.listdir(ctl)) == 1                     # this command's private ssh control folder
+        proc.send_signal(signal.SIGTERM)                     # the caller's timeout: rgt.py alone, by pid
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, out, err)
+    assert b"pull interrupted" in err, err
+    assert wait_for(lambda: not alive(puller) and not alive(hanging), 60), "pull_verified.py outlived rgt.py"
+    assert os.listdir(ctl) == [], "the ssh control folder was left behind"
+    with open(tmp_path / "pulled" / ".pull-fk1.lock", "a") as handle:   # the lock is free for the re-run
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    row = rows(ledger)[-1]
+    assert (row["event"], row["result"], row["run_id"]) == ("pull", "interrupted", "fk1"), row
+    assert row["run_dir"] == str(tmp_path / "node" / "runs" / "fk1")   # with --durable-dir: recorded (L12)
+
+
+# ---------------------------------------------------------------- N18: what a running run, a launch and a failure say
+
+WAITING_JOB = "import os, time\nprint('step 1/2', flush=True)\nwhile not os.path.exists('go'): time.sleep(0.05)\n"
+
+
+def test_finding_field_N18_a_pull_of_a_running_run_says_still_running(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    pushed(tmp_path, sshd_server)
+    try:
+        res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "live1",
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--", "python3", "-c", WAITING_JOB)
+        assert res.returncode == 0, res.stdout + res.stderr
+        # a launch without resume adapters says what a restart would do to its results
+        assert "WARN no resume adapter" in res.stderr and "supersede" in res.stderr, res.stderr
+        assert wait_for(lambda: rgt(tmp_path, sshd_server, "status", "gpu-box", "live1").returncode == 4, 120)
+        pull = rgt(tmp_path, sshd_server, "pull", "gpu-box", "live1", "--dest", tmp_path / "pulled")
+        assert pull.returncode == 1, pull.stdout + pull.stderr
+        assert "still running" in pull.stdout and "could not be fetched" not in pull.stdout, pull.stdout
+    finally:
+        (work / "go").write_text("")
+    assert wait_for(lambda: rgt(tmp_path, sshd_server, "status", "gpu-box", "live1").returncode in (0, 1), 120)
+    adapted = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "live2",
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--wait", "--resume-glob",
+                  "ckpt/*", "--resume-arg", "--resume {}", "--", "python3", "-c", "1")
+    assert adapted.returncode == 0 and "WARN no resume adapter" not in adapted.stderr, adapted.stderr

@@ -88,3 +88,26 @@ def test_no_bindings_is_not_success(evidence):
 def test_missing_document_is_usage_error(tmp_path):
     res = reconcile(tmp_path / "nope.md")
     assert res.returncode == 2 and res.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------- red-team findings (reports/redteam-2026-12.md)
+from results_fixture import run  # noqa: E402
+
+
+# ---------------------------------------------------------------- 19: reconcile tolerance with an exponent
+
+@pytest.mark.drill("red-team findings stay fixed")
+def test_finding_19_scientific_notation_gets_its_own_precision(tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps({"lr": 0.3, "loss": 2.5e-05, "wd": 0.00030004, "steps": 1540}))
+    (tmp_path / "drift.md").write_text("lr 3e-4 <!-- metric: m.json#lr -->\n"
+                                       "loss 9.9e-5 <!-- metric: m.json#loss -->\n")
+    drift = run(SCRIPTS / "reconcile.py", tmp_path / "drift.md")
+    assert drift.returncode == 1, drift.stdout
+    assert drift.stdout.count("DRIFT") == 2, drift.stdout
+    (tmp_path / "ok.md").write_text("wd 3.0E-04 <!-- metric: m.json#wd -->\n"
+                                    "loss 2.5e-5 <!-- metric: m.json#loss -->\n"
+                                    "steps 1.5e3 <!-- metric: m.json#steps -->\n")
+    ok = run(SCRIPTS / "reconcile.py", tmp_path / "ok.md", "--json")
+    assert ok.returncode == 0, ok.stdout
+    tolerances = sorted(r["tolerance"] for r in json.loads(ok.stdout)["results"])
+    assert tolerances[0] == pytest.approx(0.5e-6, rel=1e-3) and tolerances[-1] == pytest.approx(50, rel=1e-3)

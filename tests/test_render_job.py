@@ -329,3 +329,32 @@ def test_entry_finds_the_newest_good_checkpoint(tmp_path):
     res = subprocess.run(["bash", "-c", "RGT_CKPT_DIR=%s\n%s\necho \"$RGT_RESUME_FROM|${rgt_resume[*]}\""
                           % (shlex.quote(str(ckdir)), block)], capture_output=True, text=True)
     assert res.stdout.strip() == "%s/ckpt-00000010.pt|--resume %s/ckpt-00000010.pt" % (ckdir, ckdir), res.stderr
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+
+
+# ---------------------------------------------------------------- laptop 7: render_job pastes request text raw
+
+@pytest.mark.parametrize("target", ["slurm", "k8s-job", "pytorchjob", "skypilot"])
+@pytest.mark.parametrize("bad", [
+    {"resources": {"partition": "gpu\ntouch PWNED_PARTITION"}},
+    {"resources": {"account": "lab\ntouch PWNED_ACCOUNT"}},
+    {"env": {"X=1; touch PWNED_ENVKEY; Y": "v"}},
+    {"env": {"OK": "v\ntouch PWNED_ENVVAL"}},
+    {"outputs": {"durable_dir": "/mnt/my data"}},
+], ids=["partition", "account", "env-key", "env-value-newline", "durable-dir-blank"])
+def test_finding_laptop_7_render_job_refuses_text_that_would_run_as_shell(tmp_path, target, bad):
+    from render_fixture import SCHEMA, render, request
+    path = request(tmp_path, **bad)
+    res = render(path, target, check=False)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stdout + res.stderr
+    assert "PWNED" not in res.stdout and "Traceback" not in res.stderr
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    if "OK" in bad.get("env", {}):
+        return   # a newline in an env value is the renderer's check; the schema pins names and #SBATCH words
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(path.read_text()), json.loads(SCHEMA.read_text()))

@@ -336,3 +336,162 @@ def test_finding_laptop_L11_a_newline_in_the_run_dir_name_never_becomes_a_comman
                    env=env_for(tmp_path), cwd=str(tmp_path))
     assert not (tmp_path / "PWNED_L11").exists(), "a line of the run dir's name ran as a command"
     assert "ORIG_RUN=%s" % shlex.quote(str(hostile)) in body
+
+
+# ---------------------------------------------------------------- red-team round 3 findings
+
+
+PY = sys.executable
+
+
+@pytest.fixture
+def one_toolkit_version(monkeypatch):
+    """Other helpers edit scripts/node while this file runs; the version stamp is not what is tested here."""
+    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
+
+
+def run(argv, timeout=300, **kw):
+    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- repro.py
+
+METRICS_JOB = r'''
+import argparse, json
+p = argparse.ArgumentParser()
+p.add_argument("--metrics")
+p.add_argument("--out")
+a = p.parse_args()
+with open(a.metrics, "w") as fh:
+    for step in range(6):
+        fh.write(json.dumps({"step": step, "loss": 1.0 / (step + 1)}) + "\n")
+if a.out:
+    open(a.out, "w").write("weights of the RE-RUN\n")
+'''
+
+
+def recorded_run(tmp_path, cmd_tail, metrics_lines=None):
+    """A git project with job.py, and a run dir recorded by the real run_env.py, as a launch leaves it."""
+    proj = committed_project(tmp_path, METRICS_JOB)
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    cmd = [PY, "job.py", "--metrics", str(run_dir / "metrics.jsonl")] + cmd_tail
+    assert subprocess.run(cmd, cwd=str(proj), timeout=60).returncode == 0
+    if metrics_lines is not None:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics_lines))
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "r1", "cmd": cmd, "cwd": str(proj)}))
+    res = run([PY, RUN_ENV, run_dir, "--python", PY, "--cwd", proj])
+    assert res.returncode == 0, res.stderr
+    return proj, run_dir
+
+
+@pytest.mark.drill("red-team findings stay fixed")
+@pytest.mark.usefixtures("one_toolkit_version")
+def test_repro_out_never_overwrites_evidence(tmp_path):
+    _proj, run_dir = recorded_run(tmp_path, [])
+    before = (run_dir / "run.json").read_bytes()
+    res = run([PY, REPRO, run_dir, "-o", run_dir / "run.json"])
+    assert (run_dir / "run.json").read_bytes() == before and res.returncode != 0, res.stdout + res.stderr
+
+
+@pytest.mark.drill("red-team findings stay fixed")
+@pytest.mark.usefixtures("one_toolkit_version")
+def test_repro_warns_before_rerun_overwrites_outside_outputs(tmp_path):
+    outside = tmp_path / "outputs" / "model.txt"
+    outside.parent.mkdir()
+    proj, run_dir = recorded_run(tmp_path, ["--out=%s" % outside])
+    outside.write_text("weights of the ORIGINAL run\n")
+    res = run([PY, REPRO, run_dir, "-o", tmp_path / "repro.sh", "--json"])
+    assert res.returncode == 0, res.stderr
+    warned = [w for w in json.loads(res.stdout)["warnings"] if str(outside) in w]
+    done = subprocess.run(["bash", str(tmp_path / "repro.sh"), str(tmp_path / "w")], capture_output=True,
+                          text=True, timeout=300, cwd=str(tmp_path), env=dict(os.environ, RGT_PY=PY))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert warned or outside.read_text() == "weights of the ORIGINAL run\n", (warned, outside.read_text())
+
+
+@pytest.mark.drill("red-team findings stay fixed")
+@pytest.mark.usefixtures("one_toolkit_version")
+def test_repro_of_a_resumed_run_counts_each_step_once(tmp_path):
+    # attempt 1 logged steps 0..4 and died; attempt 2 resumed from the step-2 checkpoint and logged 3..5
+    # again: identical numbers, as a deterministic resume gives
+    lines = [{"step": s, "loss": 1.0 / (s + 1)} for s in range(5)] + [{"step": s, "loss": 1.0 / (s + 1)}
+                                                                     for s in range(3, 6)]
+    _proj, run_dir = recorded_run(tmp_path, [], metrics_lines=lines)
+    res = run([PY, REPRO, run_dir, "-o", tmp_path / "repro.sh"])
+    assert res.returncode == 0, res.stderr
+    done = subprocess.run(["bash", str(tmp_path / "repro.sh"), str(tmp_path / "w")], capture_output=True,
+                          text=True, timeout=300, cwd=str(tmp_path), env=dict(os.environ, RGT_PY=PY))
+    assert done.returncode == 0 and "REPRODUCED" in done.stdout, done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+
+
+def run_py(script, *args, env=None, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+# ---------------------------------------------------------------- laptop 6, 8, 9: repro.sh from a hostile record
+
+def hostile_run(tmp_path):
+    """A run dir whose records were written by someone else: a cwd holding shell syntax, "seeds" that are not
+    seeds, and a presigned URL with a user:password in the command."""
+    run_dir = tmp_path / "hostile"
+    run_dir.mkdir()
+    cwd = '%s/proj"; touch %s/PWNED_CWD; echo "' % (tmp_path, tmp_path)
+    url = "https://alice:SECRETPW@data.example.com/set.tar?X-Amz-Signature=SECRETSIG"
+    (run_dir / "run.json").write_text(json.dumps({"run_id": "h1", "cmd": ["python3", "-c", "print(1)", url],
+                                                  "cwd": cwd}))
+    (run_dir / "env.json").write_text(json.dumps({
+        "git": {"error": "not a git work tree"}, "cwd": cwd,
+        "seeds": {"SEED": "1", "LD_PRELOAD": str(tmp_path / "evil.so"), "BASH_ENV": str(tmp_path / "evil.sh"),
+                  "PATH": str(tmp_path / "evilbin")}}))
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    return run_dir
+
+
+def test_finding_laptop_6_repro_quotes_the_recorded_cwd(tmp_path):
+    run_dir = hostile_run(tmp_path)
+    script = tmp_path / "repro.sh"
+    res = run_py(SCRIPTS / "repro.py", run_dir, "-o", script, "--allow-unpinned")
+    assert res.returncode == 0, res.stdout + res.stderr
+    (tmp_path / "runs").mkdir()
+    env = dict(os.environ, RGT_HOME=str(REPO))
+    subprocess.run(["bash", str(script), str(tmp_path / "work")], cwd=tmp_path / "runs", env=env,
+                   capture_output=True, text=True, timeout=120)
+    assert not (tmp_path / "PWNED_CWD").exists(), "repro.sh ran shell code taken from run.json's cwd"
+    assert "touch" in script.read_text()   # the cwd is still named, as data
+
+
+def test_finding_laptop_8_repro_exports_only_seed_variables(tmp_path):
+    run_dir = hostile_run(tmp_path)
+    script = tmp_path / "repro.sh"
+    res = run_py(SCRIPTS / "repro.py", run_dir, "-o", script, "--allow-unpinned")
+    assert res.returncode == 0, res.stdout + res.stderr
+    exports = [line for line in script.read_text().splitlines() if line.startswith("export ")]
+    assert exports == ["export SEED=1"], exports
+    assert "BASH_ENV" in res.stdout and "LD_PRELOAD" in res.stdout and "NOT exported" in res.stdout
+
+
+def test_finding_laptop_9_no_url_credential_in_repro_or_the_core_records(tmp_path):
+    """The core's one redaction rule (rgt_core.scrub_urls/url_secrets) takes the user:password and the
+    signature out; repro.sh, which copies the recorded command, never carries them."""
+    sys.path.insert(0, str(NODE))
+    import rgt_core
+    url = "https://alice:SECRETPW@data.example.com/set.tar?X-Amz-Signature=SECRETSIG"
+    argv = ["python3", "train.py", "--data-url", url, "--lr", "0.1"]
+    assert rgt_core.url_secrets(argv) == [url]
+    assert rgt_core.scrub_record({"cmd": argv}) == {"cmd": argv[:3] + ["https://data.example.com/set.tar",
+                                                                       "--lr", "0.1"]}
+    line = "[rgt 12:00:00] starting: python3 train.py --data-url '%s'" % url
+    assert "SECRET" not in rgt_core.scrub_urls(line)
+    run_dir = hostile_run(tmp_path)
+    script = tmp_path / "repro.sh"
+    res = run_py(SCRIPTS / "repro.py", run_dir, "-o", script, "--allow-unpinned")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SECRET" not in script.read_text()
+    assert "URL credential" in res.stdout

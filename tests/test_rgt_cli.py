@@ -322,3 +322,280 @@ def test_a_node_without_the_toolkit_gets_one_clear_line(tmp_path, sshd_server):
 def test_an_unknown_host_exits_255_with_a_hint(tmp_path, sshd_server):
     res = rgt(tmp_path, sshd_server, "status", "no-such-alias.invalid", "r1", "--durable-dir", str(tmp_path / "d"))
     assert res.returncode == 255 and "ssh could not reach the node" in res.stderr, res.stderr
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+
+
+def run_py(script, *args, env=None, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+@pytest.mark.parametrize("profile", ["lambda", "china"])
+def test_finding_laptop_14_and_review_B4_launch_without_a_durable_dir_says_pass_one(tmp_path, profile):
+    res = run_py(RGT, "--ledger", tmp_path / "ledger.jsonl", "launch", "gpu-box", "--profile", profile,
+                 "--run-id", "lam1", "--", "true")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "profile %s has no default durable dir" % profile in res.stderr and "--durable-dir" in res.stderr
+    assert "in the ledger" not in res.stderr
+
+
+# ---------------------------------------------------------------- over the real sshd
+
+def run_rgt(tmp_path, server, *args, timeout=300, ledger=None, env=None):
+    """rgt.py as the user runs it against the test sshd (its own node-bin and ledger under TMP_PATH)."""
+    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
+            "--ledger", str(ledger or tmp_path / "ledger.jsonl")]
+    env = dict(env or os.environ)
+    env.pop("RGT_PROFILE_INDEX", None)
+    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path, env=env)
+
+
+def state_of(tmp_path, server, rid, **kw):
+    res = run_rgt(tmp_path, server, "--json", "status", "gpu-box", rid, **kw)
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        return {}
+
+
+# attempt 1 saves a checkpoint and fails (its outputs are synced and verified); later attempts wait on a file
+RESUMABLE_JOB = (
+    "import os, sys, time\n"
+    "os.makedirs('ckpt', exist_ok=True)\n"
+    "if '--resume' not in sys.argv:\n"
+    "    open('ckpt/state.txt', 'w').write('step 40\\n'); print('step 40/100', flush=True); sys.exit(1)\n"
+    "print('resumed from', sys.argv[-1], flush=True)\n"
+    "print('step 50/100', flush=True)\n"
+    "t = time.monotonic()\n"
+    "while not os.path.exists('go') and time.monotonic() - t < 300: time.sleep(0.1)\n"
+    "print('step 60/100', flush=True)\n"
+    "while not os.path.exists('done') and time.monotonic() - t < 300: time.sleep(0.1)\n"
+    "open('ckpt/state.txt', 'w').write('step 100\\n'); print('step 100/100', flush=True)\n")
+
+
+def launch_resumable(tmp_path, server, rid, durable, work):
+    work.mkdir(exist_ok=True)
+    (work / "job.py").write_text(RESUMABLE_JOB)
+    assert run_rgt(tmp_path, server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    res = run_rgt(tmp_path, server, "launch", "gpu-box", "--profile", "vastai", "--run-id", rid, "--durable-dir",
+                  durable, "--cwd", work, "--", "--output", "ckpt/*", "--deadman-dry-run", "--poll-seconds", "0.2",
+                  "--resume-glob", "ckpt/state.txt", "--resume-arg", "--resume {}",
+                  "--progress-regex", r"step (?P<step>\d+)/(?P<total>\d+)", "--", "python3", "-u", "job.py")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert wait_for(lambda: state_of(tmp_path, server, rid).get("status") == "failed", 120)
+    assert (durable / "results" / rid / "ckpt" / "state.txt").read_text() == "step 40\n"   # synced, verified
+
+
+def test_finding_field_R9_resume_names_the_durable_copy_it_will_really_use(tmp_path, sshd_server):  # noqa: F811
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    launch_resumable(tmp_path, sshd_server, "r9", durable, work)
+    (work / "ckpt" / "state.txt").write_bytes(b"")            # torn to 0 bytes, as a preemption mid-save leaves it
+    dry = run_rgt(tmp_path, sshd_server, "resume", "gpu-box", "r9", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    line = next(l for l in dry.stdout.splitlines() if l.startswith("resume:"))
+    assert "verified durable copy %s" % (durable / "results" / "r9" / "ckpt" / "state.txt") in line, line
+    assert (work / "ckpt" / "state.txt").read_bytes() == b""  # a dry run puts nothing back
+
+
+def end_runs(durable):
+    """Disarm every dead-man of the runs under DURABLE and end their processes, by recorded pid only."""
+    sys.path.insert(0, str(NODE))
+    import rgt_core
+    import signal
+    for run_dir in sorted((durable / "runs").glob("*")) if (durable / "runs").is_dir() else []:
+        subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(run_dir), "--disarm"],
+                       capture_output=True, timeout=60)
+        for name in ("status.json", "deadman.json"):
+            try:
+                doc = json.loads((run_dir / name).read_text())
+            except (OSError, ValueError):
+                continue
+            for pid_key, ident_key in (("job_pid", "job_identity"), ("supervisor_pid", "supervisor_identity"),
+                                       ("pid", "identity")):
+                pid = doc.get(pid_key)
+                if isinstance(pid, int) and rgt_core.record_alive(doc.get(ident_key), pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+        if shutil.which("tmux"):
+            subprocess.run(["tmux", "-L", "rgt-" + run_dir.name.replace(".", "_"), "kill-server"],
+                           capture_output=True)
+
+
+@pytest.fixture
+def durable(tmp_path):
+    folder = tmp_path / "durable"
+    yield folder
+    end_runs(folder)
+
+
+def test_finding_laptop_1_the_gate_refuses_while_a_resumed_attempt_runs(tmp_path, sshd_server, durable):  # noqa: F811
+    work = tmp_path / "work"
+    launch_resumable(tmp_path, sshd_server, "res2", durable, work)
+    resumed = run_rgt(tmp_path, sshd_server, "resume", "gpu-box", "res2")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert wait_for(lambda: state_of(tmp_path, sshd_server, "res2").get("step") == 50, 120)
+    pulled = run_rgt(tmp_path, sshd_server, "pull", "gpu-box", "res2")           # attempt 1's synced results
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    gate = run_rgt(tmp_path, sshd_server, "gate", "gpu-box", "res2")
+    assert gate.returncode == 3, gate.stdout + gate.stderr
+    assert "REASON running" in gate.stdout and "attempt 2 is running" in gate.stdout, gate.stdout
+    assert "PASS" not in gate.stdout
+    ledger = json.loads(run_rgt(tmp_path, sshd_server, "--json", "ledger").stdout)
+    assert [(r["run_id"], r["gate"]) for r in ledger["runs"]] == [("res2", "REFUSED")]
+    patrol = run_rgt(tmp_path, sshd_server, "patrol", "gpu-box", "--min-free-gb", "0")
+    assert "res2 RUNNING" in patrol.stdout, patrol.stdout
+    (work / "go").write_text("")
+    (work / "done").write_text("")
+    assert wait_for(lambda: state_of(tmp_path, sshd_server, "res2").get("status") == "succeeded", 120)
+    after = run_rgt(tmp_path, sshd_server, "gate", "gpu-box", "res2")
+    assert "REASON running" not in after.stdout, after.stdout   # over: only the stale pull is left to fix
+
+
+# ---------------------------------------------------------------- laptop round 5 findings (issue 35)
+
+
+def rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def quick_run(tmp_path, server, rid, durable, ledger=None):
+    """A finished run on the node: launched through rgt.py, no dead-man, waited for."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    res = run_rgt(tmp_path, server, "launch", "gpu-box", "--profile", "local", "--run-id", rid,
+                  "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--wait", "--", "python3", "-c",
+                  "print('step 1/1')", ledger=ledger)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return durable / "runs" / rid
+
+
+def pushed(tmp_path, server):
+    res = run_rgt(tmp_path, server, "push", "gpu-box", "--transport", "tar")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------- L12: patrol and a run it cannot place
+
+def test_finding_laptop_L12_patrol_reports_a_run_it_cannot_place_and_checks_the_others(
+        tmp_path, sshd_server):  # noqa: F811
+    durable = tmp_path / "durable"
+    pushed(tmp_path, sshd_server)
+    quick_run(tmp_path, sshd_server, "ok1", durable)
+    # a run rgt.py did not launch (another ledger knew it), reached once with --durable-dir
+    quick_run(tmp_path, sshd_server, "ext1", durable, ledger=tmp_path / "other-ledger.jsonl")
+    ledger = tmp_path / "ledger.jsonl"
+    res = run_rgt(tmp_path, sshd_server, "status", "gpu-box", "ext1", "--durable-dir", durable)
+    assert res.returncode == 0 and "SUCCEEDED" in res.stdout, res.stdout + res.stderr
+    row = rows(ledger)[-1]
+    assert row["run_id"] == "ext1" and row["run_dir"] == str(durable / "runs" / "ext1"), row
+    # an older rgt.py wrote status rows with no run dir: such a run is its own UNKNOWN line, never the end
+    with open(ledger, "a") as handle:
+        handle.write(json.dumps(dict(row, run_id="ghost1", run_dir=None, results_dir=None)) + "\n")
+    patrol = run_rgt(tmp_path, sshd_server, "patrol", "gpu-box", "--min-free-gb", "0")
+    assert patrol.returncode == 10, patrol.stdout + patrol.stderr
+    lines = patrol.stdout.splitlines()
+    assert any(line.strip().startswith("ok1 SUCCEEDED") for line in lines), patrol.stdout
+    assert any(line.strip().startswith("ext1 SUCCEEDED") for line in lines), patrol.stdout
+    ghost = [line for line in lines if line.strip().startswith("ghost1 UNKNOWN")]
+    assert ghost and "cannot locate run ghost1" in ghost[0] and "--durable-dir" in ghost[0], patrol.stdout
+    doc = json.loads(run_rgt(tmp_path, sshd_server, "--json", "patrol", "gpu-box", "--min-free-gb", "0").stdout)
+    assert {r["run_id"]: r["status"]["status"] for r in doc["runs"]} == {
+        "ok1": "succeeded", "ext1": "succeeded", "ghost1": "unknown"}
+
+
+# ---------------------------------------------------------------- N5: a confirmed and an unconfirmed stop
+
+def test_finding_field_N5_patrol_tells_a_confirmed_stop_from_an_unconfirmed_one(tmp_path, sshd_server):  # noqa: F811
+    durable = tmp_path / "durable"
+    pushed(tmp_path, sshd_server)
+    for rid, confirmed in (("fy", True), ("fn", False), ("fu", None)):
+        run_dir = quick_run(tmp_path, sshd_server, rid, durable)
+        # the dead-man's own record of a firing (deadman.py writes this shape): the stop ran, exit 0
+        (run_dir / "DEADMAN_FIRED.json").write_text(json.dumps({
+            "reason": "job_ended", "detail": "not acknowledged", "fired_at": "2026-12-05T10:00:00Z", "ok": True,
+            "confirmed": confirmed, "dry_run": False, "attempts": [{"rc": 0}]}))
+    patrol = run_rgt(tmp_path, sshd_server, "patrol", "gpu-box", "--min-free-gb", "0")
+    assert patrol.returncode == 10, patrol.stdout + patrol.stderr
+    line = {l.split()[0]: l for l in patrol.stdout.splitlines()[1:]}
+    assert "STOP CONFIRMED" in line["fy"] and "NOT CONFIRMED" not in line["fy"], patrol.stdout
+    assert "STOP NOT CONFIRMED" in line["fn"] and "STOP NOT CONFIRMED" in line["fu"], patrol.stdout
+    strip = lambda text: text.replace(text.split()[0], "", 1)   # noqa: E731  (the run id aside)
+    assert strip(line["fy"]) != strip(line["fn"])
+
+
+# ---------------------------------------------------------------- N14: the interpreter record, per box
+
+def test_finding_field_N14_the_recorded_interpreter_is_per_box_and_run_before_use(tmp_path, sshd_server):  # noqa: F811
+    sys.path.insert(0, str(NODE))
+    import rgt_core as core
+    node_bin = tmp_path / "node-bin"
+    pushed(tmp_path, sshd_server)
+    mine = node_bin / core.interpreter_record_name()
+    assert mine.is_file() and os.access(mine.read_text().strip(), os.X_OK), "push records this box's interpreter"
+    log = tmp_path / "starts.log"
+
+    def interpreter(name, code):
+        path = tmp_path / name
+        path.write_text('#!/bin/sh\necho "%s $*" >> %s\n%s\n' % (name, log, code))
+        path.chmod(0o755)
+        return path
+    # another box on the same NFS home pushed last: its records (the old shared name, and its own key) name an
+    # interpreter that exists here too, so only the key tells them apart
+    other = interpreter("other-box-python", 'exec %s "$@"' % sys.executable)
+    (node_bin / core.INTERPRETER_FILE).write_text("%s\n" % other)
+    (node_bin / ("%s-otherbox-0123456789ab" % core.INTERPRETER_FILE)).write_text("%s\n" % other)
+    res = run_rgt(tmp_path, sshd_server, "probe", "gpu-box")
+    assert res.returncode in (0, 3), res.stdout + res.stderr        # 3: the box misses a gate; it ran here
+    assert not log.exists(), "another box's interpreter ran here: %s" % log.read_text()
+    # this box's record names an interpreter that no longer runs (a venv removed since): checked, python3 instead
+    mine.write_text("%s\n" % interpreter("stale-python", "exit 127"))
+    res = run_rgt(tmp_path, sshd_server, "probe", "gpu-box")
+    assert res.returncode in (0, 3) and "node_probe" not in log.read_text(), res.stdout + res.stderr + log.read_text()
+    assert log.read_text().startswith("stale-python -S -c"), log.read_text()   # it was run, as the check
+
+
+# ---------------------------------------------------------------- review D4: the node derives the layout once
+
+def test_finding_review_D4_a_durable_dir_in_the_nodes_environment_moves_no_result(tmp_path, ssh_sessions_allowed,
+                                                                                   durable):
+    """A DURABLE_DIR in the node's ssh environment once put the results where the ledger, pull and gate did not
+    look. The laptop sends --durable-dir, the node derives the run's paths (runrec.layout) and answers in JSON,
+    and the ledger records that answer: the results land in the durable dir asked for, and pull and gate find
+    them there."""
+    from sshd_fixture import SshdServer
+    elsewhere = tmp_path / "node-env-durable"
+    server = SshdServer(tmp_path / "sshd", os.path.abspath(need("sshd")), need("ssh"), need("ssh-keygen"),
+                        node_env={"DURABLE_DIR": str(elsewhere)})
+    (tmp_path / "sshd").mkdir()
+    server.start()
+    try:
+        assert server.run("echo $DURABLE_DIR").stdout.strip() == str(elsewhere)   # the node's own setting
+        pushed(tmp_path, server)
+        work = tmp_path / "proj"
+        work.mkdir()
+        (work / "train.py").write_text("import os\nos.makedirs('ckpt', exist_ok=True)\n"
+                                       "open('ckpt/final.json', 'w').write('{}')\nprint('step 1/1')\n")
+        res = run_rgt(tmp_path, server, "--json", "launch", "gpu-box", "--profile", "generic-ssh", "--run-id", "d4",
+                      "--durable-dir", durable, "--cwd", work, "--", "--output", "ckpt/*", "--deadman-dry-run",
+                      "--wait", "--", "python3", "-u", "train.py")
+        assert res.returncode == 0, res.stdout + res.stderr
+        answer = json.loads(res.stdout)
+        node_run = json.loads((durable / "runs" / "d4" / "run.json").read_text())
+        assert answer["results_dir"] == node_run["results_dir"] == str(durable / "results" / "d4")
+        assert answer["run_dir"] == str(durable / "runs" / "d4")
+        assert (durable / "results" / "d4" / "ckpt" / "final.json").is_file()
+        assert not elsewhere.exists(), sorted(str(p) for p in elsewhere.rglob("*"))
+        launches = [r for r in rows(tmp_path / "ledger.jsonl") if r.get("event") == "launch"]
+        assert [(r["run_dir"], r["results_dir"]) for r in launches] == [(answer["run_dir"], answer["results_dir"])]
+        pulled = run_rgt(tmp_path, server, "pull", "gpu-box", "d4")
+        assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+        assert (tmp_path / "pulled" / "d4" / "ckpt" / "final.json").is_file()
+        gate = run_rgt(tmp_path, server, "gate", "gpu-box", "d4")
+        assert gate.returncode == 0 and "PASS" in gate.stdout, gate.stdout + gate.stderr
+    finally:
+        server.stop()

@@ -461,3 +461,107 @@ def test_finding_field_N8_diff_counts_only_the_knob_not_the_command_line_outputs
     c = sweep_cell(tmp_path, "lr3", 0.1, script="train_v2.py")
     keys = {r["key"] for r in as_json(forensics("diff", a, c, "--json"))["differing"]}
     assert keys == {"cmd.words"}, keys
+
+
+# ---------------------------------------------------------------- red-team round 3 findings
+
+
+PY = sys.executable
+
+
+@pytest.fixture
+def one_toolkit_version(monkeypatch):
+    """Other helpers edit scripts/node while this file runs; the version stamp is not what is tested here."""
+    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
+
+
+def run(argv, timeout=300, **kw):
+    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res
+
+
+# ---------------------------------------------------------------------------------------------- run_forensics.py
+
+@pytest.mark.drill("red-team findings stay fixed")
+@pytest.mark.usefixtures("one_toolkit_version")
+def test_forensics_json_is_strict_json_with_nan_metrics(tmp_path):
+    rd = tmp_path / "run"
+    rd.mkdir()
+    (rd / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": v}) + "\n"
+                                              for s, v in enumerate([1.0, 0.5, float("nan")])))
+    res = run([PY, FORENSICS, "list", rd, "--metric", "loss", "--json"])
+    assert res.returncode == 0, res.stderr
+
+    def refuse(token):
+        raise ValueError("not JSON: %s" % token)
+    json.loads(res.stdout, parse_constant=refuse)
+
+
+@pytest.mark.drill("red-team findings stay fixed")
+@pytest.mark.usefixtures("one_toolkit_version")
+def test_forensics_diff_yaml_dates(tmp_path):
+    need_module("yaml", "pip install -r requirements-dev.txt (pyyaml)")
+    for name, day in (("a", "2026-12-01"), ("b", "2026-12-02")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text("lr: 0.1\ndata_snapshot: %s\n" % day)
+    res = run([PY, FORENSICS, "diff", tmp_path / "a", tmp_path / "b"])
+    assert res.returncode == 0 and "data_snapshot" in res.stdout, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+
+
+def run_py(script, *args, env=None, cwd=None, timeout=120):
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+
+
+# ---------------------------------------------------------------- laptop 12, field R18: run_forensics diff
+
+def forensic_run(folder, config_text, name="config.yaml"):
+    folder.mkdir(parents=True)
+    (folder / name).write_text(config_text)
+    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+    return folder
+
+
+def test_finding_laptop_12_a_yaml_alias_bomb_is_skipped_with_a_note(tmp_path):
+    pytest.importorskip("yaml")
+    bomb = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 8):
+        bomb.append("a%d: &a%d [%s]" % (level, level, ", ".join(["*a%d" % (level - 1)] * 10)))
+    bomb.append("lr: 0.1")
+    text = "\n".join(bomb) + "\n"
+    assert len(text) < 1000   # under a kilobyte, 10^8 values when expanded
+    run_a = forensic_run(tmp_path / "runA", text)
+    run_b = forensic_run(tmp_path / "runB", text.replace("lr: 0.1", "lr: 0.2"))
+    for run in (run_a, run_b):
+        (run / "args.json").write_text('{"seed": 1}')
+    # bounded: an expansion would take minutes and gigabytes; a cap answers at once, under a hard address limit
+    limit = "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+    for argv in (["diff", run_a, run_b], ["list", run_a, "--metric", "loss", "--mode", "min"]):
+        res = subprocess.run([sys.executable, "-c", limit + "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
+                              "run_name='__main__')", str(SCRIPTS / "run_forensics.py"), *map(str, argv)],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "expands to more than" in res.stdout + res.stderr, res.stdout + res.stderr
+        assert "MemoryError" not in res.stdout + res.stderr
+
+
+def test_finding_field_R18_diff_leaves_out_settings_that_must_differ_per_run(tmp_path):
+    base = {"lr": 0.1, "batch_size": 32, "out_dir": "/data/out/ablate-a", "run_name": "ablate-a",
+            "logging": {"dir": "/data/logs/ablate-a"}, "data_dir": "/data/set"}
+    other = dict(base, lr=0.2, out_dir="/data/out/ablate-b", run_name="ablate-b", logging={"dir": "/data/logs/ablate-b"})
+    run_a = forensic_run(tmp_path / "ablate-a", json.dumps(base), "config.json")
+    run_b = forensic_run(tmp_path / "ablate-b", json.dumps(other), "config.json")
+    res = run_py(SCRIPTS / "run_forensics.py", "--json", "diff", run_a, run_b)
+    if res.returncode == 2:   # --json after the command
+        res = run_py(SCRIPTS / "run_forensics.py", "diff", run_a, run_b, "--json")
+    assert res.returncode == 0, res.stderr
+    assert [r["key"] for r in json.loads(res.stdout)["differing"]] == ["config.lr"]
+    human = run_py(SCRIPTS / "run_forensics.py", "diff", run_a, run_b)
+    assert "WARN more than the one knob" not in human.stdout, human.stdout
+    every = run_py(SCRIPTS / "run_forensics.py", "diff", run_a, run_b, "--all", "--json")
+    keys = [r["key"] for r in json.loads(every.stdout)["differing"]]
+    assert {"config.out_dir", "config.run_name", "config.logging.dir", "config.lr"} <= set(keys)

@@ -587,3 +587,29 @@ def test_json_launch_report(box):
     assert report["deadman"] == {"pid": None, "state": "disabled", "dry_run": False}
     assert report["final"]["state"] == "failed" and report["final"]["exit_code"] == 1
     assert report["final"]["sync"]["ok"] is True
+
+
+# ---------------------------------------------------------------- laptop round 4 findings (issue 28)
+
+
+def test_finding_laptop_9_the_node_records_the_launch_scrubbed_and_runs_it_raw(box):
+    """run_one.sh with a presigned URL in the job's argv: run.json (cmd, launch_argv), job.log and the synced
+    results never carry the credential; the job and a replay get the raw argv from a 0600 file in the run dir."""
+    url = "https://alice:SECRETPW@data.example.com/set.tar?X-Amz-Signature=SECRETSIG"
+    job = [sys.executable, "-c", "import sys; open('argv.txt', 'w').write(sys.argv[1])", url]
+    res = box.launch("secret", job, "--no-deadman", "--output", "argv.txt", "--wait", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    run_dir = box.run_dir("secret")
+    assert (box.work / "argv.txt").read_text() == url                       # the job got it word for word
+    run = json.loads((run_dir / "run.json").read_text())
+    assert "SECRET" not in json.dumps(run["cmd"]) and "SECRET" not in json.dumps(run["launch_argv"])
+    assert "https://data.example.com/set.tar" in run["cmd"]
+    assert "SECRET" not in (run_dir / "job.log").read_text()
+    raw = run_dir / ".launch-argv.json"
+    assert raw.stat().st_mode & 0o777 == 0o600 and url in json.loads(raw.read_text())["cmd"]
+    results = box.durable / "results" / "secret"
+    leaked = [p for p in results.rglob("*") if p.is_file() and p.name != "argv.txt" and b"SECRET" in p.read_bytes()]
+    assert not leaked and not (results / ".launch-argv.json").exists(), leaked
+    sys.path.insert(0, str(NODE))
+    import boot_resume
+    assert url in boot_resume.replay_argv(run)                              # a replay runs the real launch

@@ -51,6 +51,20 @@ def cell_groups(root):
     return [int(p.read_text()) for p in Path(root).rglob("cells/*/pgid")]
 
 
+def group_members(pgid):
+    """Live (non-zombie) processes of process group PGID."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % name) as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if name.isdigit() and fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(name))
+    return found
+
+
 def kill_groups(root):
     for pgid in cell_groups(root):
         kill_group_of(pgid, root)             # a cell's group leader, while it still runs from ROOT
@@ -132,7 +146,7 @@ def test_kill9_of_the_queue_then_rerun_resumes(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)          # the box's session dies: queue and cell together
     kill_groups(tmp_path)                        # (the cell runs in a session of its own)
     proc.wait(timeout=10)
-    time.sleep(0.2)
+    assert wait_for(lambda: not any(group_members(g) for g in cell_groups(tmp_path)), 30)   # no writer is left
     assert read(cells / ids[0] / "status") == "succeeded"
     assert read(cells / ids[1] / "status") == "running"
     assert not (cells / ids[2]).exists() or not (cells / ids[2] / "status").exists()

@@ -1,12 +1,15 @@
 """The suite's own rules (tests/conftest.py), each shown to catch what it is for, in a throwaway pytest run:
 under RGT_REQUIRE_ALL=1 every kind of skip fails; a process a test leaves running fails the session and is
-killed; the latency benchmark prints every GUIDE §9 line."""
+killed; the latency benchmark prints every GUIDE §9 line. And the suite's shape (review D11): test modules are
+named for the unit they test, never for the review round that found their tests, and no test sleeps right before
+an assert (a positive wait goes through conftest's wait_for, a negative check counts the watcher's evaluations)."""
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +155,60 @@ def test_bench_latency_quick_prints_every_line(tmp_path, ssh_sessions_allowed):
     lines = subprocess.run([sys.executable, str(TOOLS / "bench_latency.py"), "--repeat", "0"],
                            capture_output=True, text=True, timeout=60)
     assert lines.returncode == 2 and "error" in lines.stderr
+
+
+# ---------------------------------------------------------------- finding review D11: unit names, no timed asserts
+
+ROUND_WORDS = re.compile(r"round_?\d|red_?team|newcomer|wave_?\d", re.I)
+# "file.py::function": why a bare sleep right before an assert is the point there. A sleep inside a child
+# program's text (a job's own runtime) is a string, not a statement, and is never listed.
+SLEEP_ALLOWED = {}
+
+
+def round_named(names):
+    return sorted(n for n in names if ROUND_WORDS.search(n))
+
+
+def timed_asserts(path):
+    """["file.py::function:line"] for each bare sleep statement whose next statement in its block is an assert:
+    a positive check there races the box's load (use wait_for) and a negative one passes trivially under it
+    (count the watcher's evaluations, or use a barrier)."""
+    import ast
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(node, field, None)
+                if not isinstance(block, list):
+                    continue
+                for stmt, after in zip(block, block[1:]):
+                    call = stmt.value if isinstance(stmt, ast.Expr) else None
+                    name = getattr(getattr(call, "func", None), "attr", None) or getattr(getattr(call, "func", None),
+                                                                                         "id", None)
+                    if isinstance(call, ast.Call) and name == "sleep" and isinstance(after, ast.Assert):
+                        found.append("%s::%s:%d" % (Path(path).name, func.name, stmt.lineno))
+    return sorted(set(found))
+
+
+def test_finding_review_D11_test_modules_are_named_for_the_unit_they_test():
+    """test_laptop_round4.py, test_status_round4.py, test_redteam_2.py...: a module named after the review round
+    that found its tests hides which unit they hold; each moved into its unit's module."""
+    assert round_named(p.name for p in (REPO / "tests").glob("*.py")) == []
+    assert round_named(["test_laptop_round4.py", "test_redteam_2.py", "test_pull.py"]) == [
+        "test_laptop_round4.py", "test_redteam_2.py"]
+
+
+def test_finding_review_D11_no_bare_sleep_right_before_an_assert():
+    found = [f for p in sorted((REPO / "tests").glob("test_*.py")) for f in timed_asserts(p)]
+    assert [f for f in found if f.rsplit(":", 1)[0] not in SLEEP_ALLOWED] == []
+
+
+def test_the_sleep_scan_can_fail(tmp_path):
+    sample = tmp_path / "test_x.py"
+    sample.write_text("import time\n\nJOB = 'import time; time.sleep(5)'\n\n"
+                      "def test_a(p):\n    p.kill()\n    time.sleep(0.3)\n    assert not p.alive\n\n"
+                      "def test_b(w):\n    while w():\n        time.sleep(0.1)\n    assert w.done\n")
+    assert timed_asserts(sample) == ["test_x.py::test_a:7"]

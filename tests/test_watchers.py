@@ -662,3 +662,94 @@ def test_notif_a_run_tells_when_it_starts_and_when_it_ends(tmp_path):
         server.server_close()
     seen = [(h.get("event"), (h.get("fields") or h).get("run_id")) for h in heard]
     assert ("launched", "ok") in seen and ("finished", "ok") in seen and ("failed", "bad") in seen, heard
+
+
+# ---------------------------------------------------------------- field R15 (issue 28)
+
+
+STATUS = NODE / "run_status.py"
+
+
+def iso(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def status_json(run_dir, *args):
+    res = subprocess.run([sys.executable, str(STATUS), str(run_dir), "--json", "--no-gpu", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in res.stderr, res.stderr
+    return json.loads(res.stdout)
+
+
+# ---------------------------------------------------------------- field R15: dry-run dead-men
+
+def fire_dry_run(tmp_path, status, *watch):
+    """A foreground dry-run dead-man (stop `true`, a 600 s poll unless WATCH says) over a run whose status.json
+    is STATUS -> its DEADMAN_FIRED.json, once it has fired and exited."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps(status))
+    res = subprocess.run([sys.executable, str(DEADMAN), "arm", "--run-dir", str(run), "--foreground", "--dry-run",
+                          "--stop-cmd", "true", *watch], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-500:]
+    return json.loads((run / "DEADMAN_FIRED.json").read_text())
+
+
+def test_finding_field_R15_a_dead_man_fires_when_its_grace_runs_out_not_a_poll_later(tmp_path):
+    """The field's smoke runs asked for a short grace and kept the default 30 s poll: the firing waited for
+    the next poll. Here the poll is 600 s and the grace 1.2 s: the firing must not wait for the poll."""
+    fired = fire_dry_run(tmp_path, {"run_id": "r15", "state": "succeeded", "exit_code": 0,
+                                    "ended_at": iso(time.time())}, "--grace-minutes", "0.02", "--poll-seconds", "600")
+    assert fired["reason"] == "job_ended" and fired["dry_run"] is True and fired["would_run"] == "true"
+
+
+def test_finding_field_R15_a_stall_and_an_idle_box_fire_on_time_too(tmp_path):
+    import os
+    fired = fire_dry_run(tmp_path, {"run_id": "r15s", "state": "running", "job_pid": os.getpid(),
+                                    "job_identity": core.process_identity(os.getpid()),
+                                    "started_at": iso(time.time())}, "--stall-minutes", "0.02", "--poll-seconds", "600")
+    assert fired["reason"] == "stall"
+    watch = tmp_path / "idle"
+    res = subprocess.run([sys.executable, str(IDLE), "arm", "--watch-dir", str(watch), "--foreground", "--dry-run",
+                          "--stop-cmd", "true", "--no-gpu", "--ignore-ssh", "--idle-minutes", "0.02",
+                          "--poll-seconds", "600"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-500:]
+    assert json.loads((watch / "IDLE_FIRED.json").read_text())["reason"] == "idle_box"
+
+
+def test_finding_field_R15_a_dry_run_firing_never_reads_as_a_failed_stop(tmp_path):
+    fired = fire_dry_run(tmp_path, {"run_id": "r15d", "state": "succeeded", "exit_code": 0,
+                                    "ended_at": iso(time.time())}, "--grace-minutes", "0", "--poll-seconds", "0.05")
+    assert fired["dry_run"] is True and fired["ok"] is False     # the record: nothing ran, so nothing succeeded
+    run = tmp_path / "run"
+    line = status_json(run)["line"]
+    assert "dry run (nothing was stopped)" in line and "FAILED" not in line, line
+    st = subprocess.run([sys.executable, str(DEADMAN), "status", "--run-dir", str(run)], capture_output=True,
+                        text=True, timeout=60)
+    assert st.returncode == 7 and "DRY RUN (nothing was stopped): would run \"true\"" in st.stdout, st.stdout
+    assert "stop_ok=False" not in st.stdout
+    # the idle watcher's status: a dry-run firing is not a failed stop (exit 0, not 1)
+    watch = tmp_path / "idle"
+    res = subprocess.run([sys.executable, str(IDLE), "arm", "--watch-dir", str(watch), "--foreground", "--dry-run",
+                          "--stop-cmd", "true", "--no-gpu", "--ignore-ssh", "--idle-minutes", "0.001",
+                          "--poll-seconds", "0.05"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-500:]
+    st = subprocess.run([sys.executable, str(IDLE), "status", "--watch-dir", str(watch)], capture_output=True,
+                        text=True, timeout=60)
+    assert st.returncode == 0 and "DRY RUN (nothing was stopped)" in st.stdout, st.stdout
+
+
+def test_finding_field_R15_the_wake_never_comes_before_the_deadline_it_was_set_for(tmp_path, monkeypatch):
+    """The in-process rule: evaluate() notes the grace's end as next_deadline, and the check at that time fires."""
+    import deadman
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps({"run_id": "r15w", "state": "failed", "exit_code": 1}))
+    args = deadman.build_parser().parse_args(["arm", "--run-dir", str(run), "--dry-run", "--stop-cmd", "true",
+                                              "--grace-minutes", "1", "--poll-seconds", "30"])
+    cfg, _ = deadman.build_config(args, str(run))
+    dm = deadman.Deadman(str(run), cfg, foreground=False)
+    now = dm.armed_mono + 5.0
+    assert dm.evaluate(now) is None and dm.next_deadline == dm.ended_mono + 60.0
+    assert dm.evaluate(dm.next_deadline - 0.01) is None
+    assert dm.evaluate(dm.next_deadline)[0] == "job_ended"

@@ -331,12 +331,7 @@ def _refuse_unless_private(path, st):
 
 def check_private(path):
     """Refuse (ConfigRefused) a config anyone but this user could read or swap. Returns its lstat."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise core.UsageError("cannot read the notify config %s: %s" % (path, exc.strerror or exc))
+    st = core.lstat_or_usage(path, "cannot read the notify config")
     _refuse_unless_private(path, st)
     return st
 

@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """provider_lambda: Lambda Cloud adapter (REST API v1), for providers.py and the stop engine.
 
+Usage: provider_lambda.py COMMAND [OPTIONS]: providers.py's commands, options and exit codes with the
+profile fixed (state, stop, terminate, confirm; --timeout --json --poll-seconds --cap-seconds
+--confirm-reads --confirm-span-seconds --action --destructive).
+
+Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
+
 Lambda gives an instance neither its own id nor a key. On the node this adapter is opt-in: the user
 places a key file only its owner can read (mode 0600; RGT_LAMBDA_KEY_FILE, default
 ~/.lambda_cloud/lambda_keys, the `api_key = <key>` format SkyPilot also reads) and names the instance with
@@ -21,11 +27,6 @@ Calls (Authorization: Bearer <key>):
   list       GET  /instances, GET /file-systems    (price_cents_per_hour of the instance type, where given)
 API base: RGT_LAMBDA_API_URL, else https://cloud.lambdalabs.com/api/v1.
 Confirmation: GET /instances/{id} answers 404 or status terminated.
-
-Usage: provider_lambda.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
-       [--destructive]   (the same commands as providers.py, profile lambda)
-Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import functools
 import os
@@ -36,19 +37,15 @@ import rgt_core as core
 import providers as pv
 
 NAME = "lambda"
-DEFAULT_URL = "https://cloud.lambdalabs.com/api/v1"
-URL_VARS = ("RGT_LAMBDA_API_URL",)
-DEFAULT_KEY_FILE = "~/.lambda_cloud/lambda_keys"
 INSTANCE_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
 STATUS = {"booting": "running", "active": "running", "unhealthy": "running", "terminating": "stopping",
           "terminated": "gone", "preempted": "gone"}
 
 
 def instance_state(inst, ident=None):
-    if not isinstance(inst, dict):
-        return "missing"
-    if ident is not None and str(inst.get("id")) != str(ident):
-        return "unknown"
+    other = pv.not_this_instance(inst, ident)
+    if other:
+        return other
     return STATUS.get(str(inst.get("status") or "").lower(), "unknown")
 
 
@@ -96,7 +93,7 @@ class Lambda(pv.Adapter):
 
 
 def node_adapter(environ):
-    path = (environ.get("RGT_LAMBDA_KEY_FILE") or "").strip() or DEFAULT_KEY_FILE
+    path = (environ.get("RGT_LAMBDA_KEY_FILE") or "").strip() or "~/.lambda_cloud/lambda_keys"
     values = pv.read_key_file(path, "lambda")
     key = values.get("api_key")
     if not key:
@@ -107,7 +104,7 @@ def node_adapter(environ):
                                "an 'instance_id = ...' line in %s" % path)
     if not INSTANCE_ID.match(ident):
         raise pv.ProviderError("config", "RGT_LAMBDA_INSTANCE_ID does not look like a Lambda instance id")
-    return Lambda(key, ident, pv.base_url(environ, URL_VARS, DEFAULT_URL))
+    return Lambda(key, ident, pv.api_base(NAME, environ))
 
 
 def laptop_adapter(environ, home):
@@ -119,7 +116,7 @@ def laptop_adapter(environ, home):
         key = pv.read_key_file(path, "lambda").get("api_key")
         if not key:
             raise pv.ProviderError("config", "lambda key file %s has no 'api_key = ...' line" % path)
-    return Lambda(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL)) if key else None
+    return Lambda(key, None, pv.api_base(NAME, environ)) if key else None
 
 
 if __name__ == "__main__":   # the providers CLI, this adapter's profile fixed (providers.main checks the toolkit)

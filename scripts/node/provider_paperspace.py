@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """provider_paperspace: Paperspace adapter (the v1 API at api.paperspace.com), for providers.py.
 
+Usage: provider_paperspace.py COMMAND [OPTIONS]: providers.py's commands, options and exit codes with the
+profile fixed (state, stop, terminate, confirm; --timeout --json --poll-seconds --cap-seconds
+--confirm-reads --confirm-span-seconds --action --destructive).
+
+Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
+
 A Paperspace machine gets no id or key from the platform. On the node this adapter is opt-in: the user sets
 RGT_PAPERSPACE_MACHINE_ID and places a key file only its owner can read (mode 0600; RGT_PAPERSPACE_KEY_FILE,
 default ~/.config/rgt/paperspace_key, one `api_key = <key>` line), never argv. Paperspace keys are
@@ -16,11 +22,6 @@ Calls (Authorization: Bearer <key>; Paperspace OpenAPI v1):
   list       GET    /machines             (usageRate and storageRate as the API gives them; unit unverified)
 API base: RGT_PAPERSPACE_API_URL, else https://api.paperspace.com/v1.
 Confirmation: state reads off (stop), or the machine answers 404 (terminate).
-
-Usage: provider_paperspace.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
-       [--destructive]   (the same commands as providers.py, profile paperspace)
-Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import functools
 import re
@@ -31,19 +32,15 @@ import rgt_core as core
 import providers as pv
 
 NAME = "paperspace"
-DEFAULT_URL = "https://api.paperspace.com/v1"
-URL_VARS = ("RGT_PAPERSPACE_API_URL",)
-DEFAULT_KEY_FILE = "~/.config/rgt/paperspace_key"
 MACHINE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 STATE = {"off": "stopped", "stopping": "stopping", "ready": "running", "serviceready": "running",
          "starting": "running", "restarting": "running", "upgrading": "running", "provisioning": "running"}
 
 
 def machine_state(machine, ident=None):
-    if not isinstance(machine, dict):
-        return "missing"
-    if ident is not None and str(machine.get("id")) != str(ident):
-        return "unknown"
+    other = pv.not_this_instance(machine, ident)
+    if other:
+        return other
     if machine.get("dtDeleted"):
         return "gone"
     return STATE.get(str(machine.get("state") or "").lower(), "unknown")
@@ -93,16 +90,16 @@ def node_adapter(environ):
     ident = pv.need(environ, "RGT_PAPERSPACE_MACHINE_ID", "Paperspace gives a machine no id of its own")
     if not MACHINE_ID.match(ident):
         raise pv.ProviderError("config", "RGT_PAPERSPACE_MACHINE_ID does not look like a machine id")
-    path = (environ.get("RGT_PAPERSPACE_KEY_FILE") or "").strip() or DEFAULT_KEY_FILE
+    path = (environ.get("RGT_PAPERSPACE_KEY_FILE") or "").strip() or "~/.config/rgt/paperspace_key"
     key = pv.read_key_file(path, "paperspace").get("api_key")
     if not key:
         raise pv.ProviderError("config", "paperspace key file %s has no 'api_key = ...' line" % path)
-    return Paperspace(key, ident, pv.base_url(environ, URL_VARS, DEFAULT_URL))
+    return Paperspace(key, ident, pv.api_base(NAME, environ))
 
 
 def laptop_adapter(environ, home):
     key = (environ.get("PAPERSPACE_API_KEY") or "").strip()
-    return Paperspace(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL)) if key else None
+    return Paperspace(key, None, pv.api_base(NAME, environ)) if key else None
 
 
 if __name__ == "__main__":   # the providers CLI, this adapter's profile fixed (providers.main checks the toolkit)

@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """provider_runpod: RunPod adapter (GraphQL API), for providers.py and the stop engine.
 
+Usage: provider_runpod.py COMMAND [OPTIONS]: providers.py's commands, options and exit codes with the
+profile fixed (state, stop, terminate, confirm; --timeout --json --poll-seconds --cap-seconds
+--confirm-reads --confirm-span-seconds --action --destructive).
+
+Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
+
 Node side: the Pod's own id and the Pod-scoped key RunPod injects into every Pod (RUNPOD_POD_ID,
 RUNPOD_API_KEY; docs.runpod.io/pods/templates/environment-variables). Laptop side: RUNPOD_API_KEY, else
 api_key in the [default] profile of ~/.runpod/config.toml (the runpod SDK's file).
@@ -15,11 +21,6 @@ Calls (POST {base}/graphql, Authorization: Bearer <key>; what the runpod SDK and
   list       query myself { pods {...costPerHr...} networkVolumes {...} }
 API base: RGT_RUNPOD_API_URL, else RUNPOD_API_BASE_URL (the SDK's variable), else https://api.runpod.io.
 Confirmation: the Pod reads EXITED with no runtime (stop), or TERMINATED / no such Pod (terminate).
-
-Usage: provider_runpod.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
-       [--destructive]   (the same commands as providers.py, profile runpod)
-Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import functools
 import os
@@ -30,8 +31,6 @@ import rgt_core as core
 import providers as pv
 
 NAME = "runpod"
-DEFAULT_URL = "https://api.runpod.io"
-URL_VARS = ("RGT_RUNPOD_API_URL", "RUNPOD_API_BASE_URL")
 POD_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 POD_FIELDS = "id name desiredStatus costPerHr volumeInGb containerDiskInGb runtime { uptimeInSeconds }"
@@ -49,10 +48,9 @@ Q_FLEET = ("query myself { myself { pods { %s networkVolumeId "
 
 def pod_state(pod, ident=None):
     """The state word of one pod object; IDENT (our pod id): an answer about another pod is unknown."""
-    if not isinstance(pod, dict):
-        return "missing"
-    if ident is not None and str(pod.get("id")) != str(ident):
-        return "unknown"
+    other = pv.not_this_instance(pod, ident)
+    if other:
+        return other
     status = str(pod.get("desiredStatus") or "").upper()
     if status == "TERMINATED":
         return "gone"
@@ -120,14 +118,14 @@ def node_adapter(environ):
     if not POD_ID.match(pod):
         raise pv.ProviderError("config", "RUNPOD_POD_ID does not look like a Pod id")
     key = pv.need(environ, "RUNPOD_API_KEY", "the Pod-scoped key RunPod injects")
-    return RunPod(key, pod, pv.base_url(environ, URL_VARS, DEFAULT_URL))
+    return RunPod(key, pod, pv.api_base(NAME, environ))
 
 
 def laptop_adapter(environ, home):
     key = (environ.get("RUNPOD_API_KEY") or "").strip() or config_toml_key(os.path.join(home, ".runpod", "config.toml"))
     if not key:
         return None
-    return RunPod(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL))
+    return RunPod(key, None, pv.api_base(NAME, environ))
 
 
 def config_toml_key(path):

@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """provider_vastai: vast.ai adapter (REST API), for providers.py and the stop engine.
 
+Usage: provider_vastai.py COMMAND [OPTIONS]: providers.py's commands, options and exit codes with the
+profile fixed (state, stop, terminate, confirm; --timeout --json --poll-seconds --cap-seconds
+--confirm-reads --confirm-span-seconds --action --destructive).
+
+Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
+
 Node side: the instance's own id and its per-instance key, both set by vast.ai in every instance
 (CONTAINER_ID, CONTAINER_API_KEY; that key can only start, stop or destroy its own instance, and read it:
 docs.vast.ai/guides/instances/docker-environment, api-reference/hello-world). Laptop side: VAST_API_KEY, else
@@ -22,11 +28,6 @@ Calls (Authorization: Bearer <key>; the paths the vastai CLI uses):
              verified 2026-12. Neither matching: the volume is listed as billing.
 API base: RGT_VASTAI_API_URL, else VAST_URL (the CLI's variable), else https://console.vast.ai.
 Confirmation: cur_state reads stopped (stop), or unloaded / no such instance (terminate).
-
-Usage: provider_vastai.py {state,stop,terminate,confirm} [--timeout S] [--json] [--poll-seconds S]
-       [--cap-seconds S] [--confirm-reads N] [--confirm-span-seconds T] [--action stop|terminate]
-       [--destructive]   (the same commands as providers.py, profile vastai)
-Exit codes: as providers.py (0 OK/CONFIRMED, 1 NOT CONFIRMED or provider error, 2 usage/config, 3 refused).
 """
 import functools
 import json
@@ -38,17 +39,14 @@ import rgt_core as core
 import providers as pv
 
 NAME = "vastai"
-DEFAULT_URL = "https://console.vast.ai"
-URL_VARS = ("RGT_VASTAI_API_URL", "VAST_URL")
 RUNNING = ("running", "loading", "rebooting", "frozen", "created", "scheduling")
 
 
 def instance_state(inst, ident=None):
     """The state word of one instance object; IDENT (ours): an answer about another instance is unknown."""
-    if not isinstance(inst, dict):
-        return "missing"
-    if ident is not None and str(inst.get("id")) != str(ident):
-        return "unknown"
+    other = pv.not_this_instance(inst, ident)
+    if other:
+        return other
     cur = str(inst.get("cur_state") or "").lower()
     actual = str(inst.get("actual_status") or "").lower()
     intended = str(inst.get("intended_status") or "").lower()
@@ -131,7 +129,7 @@ class VastAI(pv.Adapter):
 def node_adapter(environ):
     ident = pv.need(environ, "CONTAINER_ID", "vast.ai sets it in every instance")
     key = pv.need(environ, "CONTAINER_API_KEY", "the per-instance key vast.ai injects")
-    adapter = VastAI(key, ident, pv.base_url(environ, URL_VARS, DEFAULT_URL))
+    adapter = VastAI(key, ident, pv.api_base(NAME, environ))
     adapter._path()  # a malformed id is a config error now, not at stop time
     return adapter
 
@@ -154,7 +152,7 @@ def laptop_key(environ, home):
 
 def laptop_adapter(environ, home):
     key = laptop_key(environ, home)
-    return VastAI(key, None, pv.base_url(environ, URL_VARS, DEFAULT_URL)) if key else None
+    return VastAI(key, None, pv.api_base(NAME, environ)) if key else None
 
 
 if __name__ == "__main__":   # the providers CLI, this adapter's profile fixed (providers.main checks the toolkit)

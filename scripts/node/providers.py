@@ -76,8 +76,15 @@ ABSENT = ("gone", "missing")     # read twice at least: one 404 or null can be a
 MAX_BODY = 8 << 20
 # Profiles whose platform gives the node no API to stop itself; the profile's METER_STOP_CMD says how.
 NO_API = ("autodl", "china", "generic-ssh", "local")
-MODULES = {"runpod": "provider_runpod", "vastai": "provider_vastai", "lambda": "provider_lambda",
-           "paperspace": "provider_paperspace"}
+# The adapters' shared header, one row each (D10): profile -> (module, API base, the variables that override the
+# base, first set wins: tests point them at 127.0.0.1; the SDK's or CLI's own variable where it has one).
+ADAPTERS = {
+    "runpod": ("provider_runpod", "https://api.runpod.io", ("RGT_RUNPOD_API_URL", "RUNPOD_API_BASE_URL")),
+    "vastai": ("provider_vastai", "https://console.vast.ai", ("RGT_VASTAI_API_URL", "VAST_URL")),
+    "lambda": ("provider_lambda", "https://cloud.lambdalabs.com/api/v1", ("RGT_LAMBDA_API_URL",)),
+    "paperspace": ("provider_paperspace", "https://api.paperspace.com/v1", ("RGT_PAPERSPACE_API_URL",)),
+}
+MODULES = {profile: spec[0] for profile, spec in ADAPTERS.items()}
 
 
 class ProviderError(Exception):
@@ -345,6 +352,22 @@ def listed(doc, key, who):
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise ProviderError("http", "%s: answer has no %r list" % (who, key))
     return items
+
+
+def not_this_instance(obj, ident):
+    """"missing" when OBJ, an API's answer about one instance, is no object; "unknown" when it is about another
+    instance than IDENT (None: any will do); else None, and the adapter reads OBJ's state."""
+    if not isinstance(obj, dict):
+        return "missing"
+    if ident is not None and str(obj.get("id")) != str(ident):
+        return "unknown"
+    return None
+
+
+def api_base(profile_id, environ):
+    """PROFILE_ID's API base URL from ENVIRON (its ADAPTERS row)."""
+    _, default, names = ADAPTERS[profile_id]
+    return base_url(environ, names, default)
 
 
 def row(provider, kind, ident, name=None, state="unknown", rate=None, raw_status=None, **extra):

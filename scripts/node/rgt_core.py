@@ -420,14 +420,22 @@ def fsync_dir(path):
         os.close(fd)
 
 
+def lstat_or_usage(path, what):
+    """os.lstat(PATH); a missing PATH raises FileNotFoundError, any other failure a UsageError "WHAT PATH: why"."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UsageError("%s %s: %s" % (what, path, exc.strerror or exc))
+
+
 def check_replaceable(path):
     """Raise UsageError unless PATH is absent or a regular file (never clobber /dev/null or a link)."""
     try:
-        st = os.lstat(path)
+        st = lstat_or_usage(path, "cannot use")
     except FileNotFoundError:
         return
-    except OSError as exc:
-        raise UsageError("cannot use %s: %s" % (path, exc.strerror or exc))
     if stat.S_ISLNK(st.st_mode):
         raise UsageError("refusing to replace %s: it is a symlink (give the real path, or '-' for stdout)" % path)
     if stat.S_ISDIR(st.st_mode):
