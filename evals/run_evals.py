@@ -236,7 +236,8 @@ def route_ranks(root, cases, body=None):
     for _, case in cases:
         expected = {(root / f).resolve() for f in case.get("expected_files", [])}
         query = lk.words(case["prompt"])
-        scored = sorted((-ranker.score(i, query), bool(expected & set(targets)), i)
+        found = ranker.scores(query)
+        scored = sorted((-found.get(i, 0.0), bool(expected & set(targets)), i)
                         for i, (_, targets, _) in enumerate(rows))
         out[case["id"]] = next((k for k, (s, hit, _) in enumerate(scored, 1) if hit and s < 0), None)
     return out
@@ -287,7 +288,8 @@ def reading(root, cases):
     for _, case in cases:
         route, whole, steps = body, body, ["SKILL.md body %d" % body]
         query = lk.words(case["prompt"])
-        top = [rows[i] for sc, i in sorted((-ranker.score(i, query), i) for i in range(len(rows)))[:3] if sc < 0]
+        found = ranker.scores(query)
+        top = [rows[i] for sc, i in sorted((-found.get(i, 0.0), i) for i in range(len(rows)))[:3] if sc < 0]
         wanted = [i for i in case.get("expected_ids", []) if catalog.get(i)]
         if wanted:
             text, hits = lk.lookup_text(catalog, [case["prompt"]])
@@ -392,7 +394,8 @@ def agent_reading(root, cases, body=None):
         expected = [(root / f).resolve() for f in case.get("expected_files", [])]
         wanted = [i for i in case.get("expected_ids", []) if catalog.get(i)]
         query = lk.words(case["prompt"])
-        scored = sorted((-ranker.score(i, query), not (set(expected) & set(r[1])), i) for i, r in enumerate(rows))
+        found = ranker.scores(query)
+        scored = sorted((-found.get(i, 0.0), not (set(expected) & set(r[1])), i) for i, r in enumerate(rows))
         pick = next((rows[i] for k, (sc, miss, i) in enumerate(scored[:3]) if not miss and sc < 0), None)
         chars, steps = len(body), ["SKILL.md body %d" % len(body)]
         named = set(ROW_ID.findall(pick[2])) if pick else set()

@@ -118,6 +118,11 @@ class Ranker(object):
         n = len(self.docs)
         self.idf = {w: math.log(1 + (n - d + 0.5) / (d + 0.5)) for w, d in df.items()}
         self.k1, self.b = k1, b
+        self.postings = {}   # word -> [(doc, its term weight)]: a query touches only the documents that hold it
+        for i, counts in enumerate(self.docs):
+            norm = k1 * (1 - b + b * self.lengths[i] / self.avg)
+            for w, tf in counts.items():
+                self.postings.setdefault(w, []).append((i, self.idf[w] * tf * (k1 + 1) / (tf + norm)))
 
     def score(self, i, query):
         counts, total = self.docs[i], 0.0
@@ -127,6 +132,14 @@ class Ranker(object):
             if tf:
                 total += self.idf[w] * tf * (self.k1 + 1) / (tf + norm)
         return total
+
+    def scores(self, query):
+        """{doc: score(doc, QUERY)} for every document holding a query word, summed in the order score() sums."""
+        totals = {}
+        for w in query:
+            for i, weight in self.postings.get(w, ()):
+                totals[i] = totals.get(i, 0.0) + weight
+        return totals
 
 
 def doc_words(text):
@@ -273,7 +286,7 @@ class Catalog(object):
             symptom = re.search(r"\*\*Symptom\*\*[^\n]*(?:\n(?!\*\*)[^\n]+)*", e["text"])
             parts = [e["title"], e["title"]] + extra.get(eid, []) + [symptom.group(0) if symptom else ""]
             docs.append(doc_words("\n".join(parts)))
-            e["_haystack"] = "\n".join(parts).lower()
+            e["_haystack"] = " ".join("\n".join(parts).lower().split())   # an error string matches across lines
         self.ranker = Ranker(docs)
 
     def get(self, eid):
@@ -283,11 +296,11 @@ class Catalog(object):
         """[(score, entry)] best first; an error string found verbatim in an index row or Symptom wins."""
         q = words(query)
         phrase = " ".join(query.lower().split())
-        scored = []
+        scored, found = [], self.ranker.scores(q)
         for i, eid in enumerate(self.searchable):
             e = self.entries[eid]
-            s = self.ranker.score(i, q)
-            if len(phrase) >= 8 and phrase in " ".join(e["_haystack"].split()):
+            s = found.get(i, 0.0)
+            if len(phrase) >= 8 and phrase in e["_haystack"]:
                 s += 100.0
             if s > 0:
                 scored.append((s, e))

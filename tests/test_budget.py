@@ -241,7 +241,7 @@ def test_finding_review_D6_drill_through_rgt_resume_the_budget_holds_and_a_spent
     dry = rgt_cmd(tmp_path, sshd_server, "resume", "gpu-box", "bud-rgt", "--max-cost", "0.9", "--dry-run")
     assert dry.returncode == 0 and "would set the run's budget to 0.9 USD" in dry.stdout, dry.stdout + dry.stderr
     assert read(run / "budget.json") == spent                   # a dry run changes no cap
-    new_cap = round(spent_now + 0.02, 4)                        # 4 s more at 18/h
+    new_cap = round(spent_now + 0.1, 4)                         # 20 s more at 18/h: the resume's trip fits
     more = rgt_cmd(tmp_path, sshd_server, "resume", "gpu-box", "bud-rgt", "--max-cost", str(new_cap))
     assert more.returncode == 0 and "as attempt 6" in more.stdout, more.stdout + more.stderr
     assert "budget:     the run's cap is now %s USD (was 0.3;" % core.money(new_cap) in more.stdout, more.stdout
