@@ -13,7 +13,7 @@ code that pulls over SSH. Needs Python 3.8+ and bash; tmux and rsync are used wh
 PyTorch (CPU) for the example training when it is installed, a pure-Python model otherwise.
 
 Usage:
-  python3 scripts/demo_lifecycle.py            # about 20 seconds; cleans up after itself
+  python3 scripts/demo_lifecycle.py            # about 30 seconds; cleans up after itself
   python3 scripts/demo_lifecycle.py --keep     # leave the folders to inspect
   python3 scripts/demo_lifecycle.py --json     # the final report as JSON on stdout
   python3 scripts/demo_lifecycle.py --workdir DIR   # build the node and laptop folders under DIR
@@ -56,6 +56,7 @@ class Demo:
         self.job_dir = self.node / "job"   # the job's working directory
         self.quiet = quiet
         self.report = []
+        self.started = time.monotonic()
         self.env = dict(os.environ, RGT_PROFILE_INDEX=str(ROOT / "profiles" / "index.json"),
                         DURABLE_DIR=str(self.durable), DATA_DIR=str(self.node / "data"))
         for d in (self.node, self.laptop, self.durable, self.job_dir, self.node / "data"):
@@ -80,8 +81,10 @@ class Demo:
         return self.run([sys.executable, (NODE if (NODE / script).exists() else SCRIPTS) / script, *args], **kw)
 
     def phase(self, name, evidence):
-        self.report.append({"phase": name, "ok": True, "evidence": evidence})
-        self.say(f"  OK   {name:<14} {evidence}")
+        now = time.monotonic()
+        took, self.phase_start = now - getattr(self, "phase_start", self.started), now
+        self.report.append({"phase": name, "ok": True, "evidence": evidence, "seconds": round(took, 1)})
+        self.say(f"  OK   {name:<14} {evidence}  [{took:.0f}s]")
 
     def launch(self, run_id, extra_train=()):
         argv = ["bash", NODE / "run_one.sh", "--profile", "local", "--run-id", run_id,
@@ -291,7 +294,9 @@ class Demo:
             time.sleep(0.1)
         with StandIn("vastai", "demo-key", [Instance("777", lag=0)]) as api:
             env = dict(self.env, PATH="%s%s%s" % (bin_dir, os.pathsep, os.environ.get("PATH", "")),
-                       VAST_API_KEY="demo-key", RGT_VASTAI_API_URL=api.url, HOME=str(self.laptop))
+                       VAST_API_KEY="demo-key", RGT_VASTAI_API_URL=api.url, HOME=str(self.laptop),
+                       # the stop's confirmation: 2 reads 0.2 s apart here (a real reap reads 3 over 20 s)
+                       RGT_PROVIDER_CONFIRM_READS="2", RGT_PROVIDER_CONFIRM_SPAN_S="0.2")
             res = subprocess.run([sys.executable, str(SCRIPTS / "rgt.py"), "--ledger", str(ledger), "--node-dir",
                                   str(NODE), "reap", "--json", "--unwatched-grace-minutes", "0", "--poll-seconds",
                                   "0"], capture_output=True, text=True, env=env, timeout=120)
