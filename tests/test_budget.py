@@ -130,7 +130,7 @@ def test_finding_node_C6_suspended_time_is_subtracted_and_kept(tmp_path):
     assert runrec.budget_spent_hours(again, 1000.0 + 7200) == 1.5   # 2 h since the first start, 0.5 h asleep
 
 
-def test_finding_review_D6_one_formula_on_the_node_and_the_laptop(tmp_path):
+def test_finding_laptop_L6_and_review_D6_one_formula_on_the_node_and_the_laptop(tmp_path):
     """The laptop's cost so far is the node's clock (copied into the ledger by status, via the lease) x the rate,
     and status shows that one cost with its basis; without the node's clock, the ledger's first launch."""
     first = ledger.core.parse_iso("2026-12-05T00:00:00Z")
