@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import NODE, wait_for
+from conftest import NODE, kill_group_of, wait_for
 from conftest import read_json as read
 
 sys.path.insert(0, str(NODE))
@@ -59,11 +59,7 @@ def kill_run_processes(run_dir):
     status = read(run_dir / "status.json")
     pids = [status.get("job_pid"), status.get("supervisor_pid"), read(run_dir / "deadman.json").get("pid")]
     for pid in pids:
-        if pid:
-            try:
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            except OSError:
-                pass
+        kill_group_of(pid, run_dir)
     assert poll(lambda: all(dead(p) for p in pids), 60)
 
 

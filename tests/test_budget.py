@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, kill_everything_of, wait_for
+from conftest import NODE, SCRIPTS, TOOLS, kill_everything_of, kill_group_of, wait_for
 from watch_fixture import DEADMAN, POLL, running_status, stand_in
 
 sys.path.insert(0, str(NODE))
@@ -36,23 +36,17 @@ def read(path):
 
 
 @pytest.fixture
-def pids():
-    """Process groups this test started; each is ended (by its id) afterwards."""
+def pids(tmp_path):
+    """Process groups this test started (each runs from its tmp_path); each still running from there is ended."""
     started = []
     yield started
     for pid in started:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_group_of(pid, tmp_path)
 
 
 def new_attempt(run, pids):
     job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
-                           stdin=subprocess.DEVNULL)
+                           stdin=subprocess.DEVNULL, cwd=str(run))
     pids.append(job.pid)
     running_status(run, job, run_id="bud1")
     return job
