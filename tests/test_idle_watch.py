@@ -136,3 +136,25 @@ def test_destructive_stop_refused_and_one_watcher_per_dir(tmp_path, gpu):
     assert again.returncode == 3 and "already" in again.stderr
     assert run("disarm", "--watch-dir", watch).returncode == 0
     wait_for(lambda: state(watch).get("state") == "DISARMED", "the disarm")
+
+
+def test_finding_node_C10_the_idle_watch_refuses_to_arm_with_a_notify_config_the_node_refuses(tmp_path, gpu):
+    """As the dead-man's arm: plain http without allow_http is refused by notify.py, so every message of this watcher
+    would vanish. Before: the idle watcher armed and would have stopped the box telling no one."""
+    _, env = gpu
+    bad = tmp_path / "notify.json"
+    bad.write_text(json.dumps({"targets": [{"type": "webhook", "name": "hook", "url": "http://127.0.0.1:9/in"}]}))
+    bad.chmod(0o600)
+    env = dict(env, RGT_NOTIFY_CONFIG=str(bad), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
+    watch = tmp_path / "watch"
+    res = run("arm", "--watch-dir", watch, "--stop-cmd", marker_cmd(tmp_path / "M"), "--ignore-ssh", env=env)
+    if res.returncode == 0:   # armed after all (the bug): end it
+        run("disarm", "--watch-dir", watch, env=env)
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "notify config is refused" in lines[0] and "Traceback" not in res.stderr, res.stderr
+    assert state(watch).get("state") != "ARMED"
+    # a dry run tells no one, so it may arm
+    pid = arm(watch, marker_cmd(tmp_path / "M"), env, "--dry-run", "--idle-minutes", "60")
+    assert pid > 1 and wait_for(lambda: state(watch).get("state") == "ARMED", "the dry-run watcher armed")
+    assert run("disarm", "--watch-dir", watch, env=env).returncode == 0

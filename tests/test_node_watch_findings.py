@@ -297,3 +297,23 @@ def test_finding_node_A3_residual_with_the_stall_rule_off_the_grace_never_stops_
     ended = calendar.timegm(time.strptime(status["ended_at"][:19], "%Y-%m-%dT%H:%M:%S"))
     assert stopped_at >= ended, "the box was stopped %.1f s before its run ended and synced" % (ended - stopped_at)
     assert "the box stop waits" in (box.run_dir("a3off") / "deadman.log").read_text()
+
+
+def test_finding_node_C9_the_firing_record_says_what_became_of_its_message(tmp_path, procs):
+    """DEADMAN_FIRED.json lists the deadman_fired message with what notify.py did with it (here: spooled, the hook
+    answered 500), as the stop engine lists its own. Before: the firing's own message was sent and forgotten."""
+    server, heard = failing_hook()
+    try:
+        cfg = notify_config(tmp_path, "http://127.0.0.1:%d/in" % server.server_address[1], allow_http=True)
+        env = dict(os.environ, RGT_NOTIFY_CONFIG=str(cfg), RGT_NOTIFY_SPOOL=str(tmp_path / "spool"))
+        run = finished(tmp_path / "run")
+        stop, _calls = stand_in(tmp_path)
+        res = deadman("arm", "--run-dir", run, "--poll-seconds", POLL, "--foreground", "--grace-minutes", "0",
+                      "--stop-cmd", stop, "--stop-retry-minutes", "0", env=env, timeout=120)
+        assert res.returncode == 0, res.stderr
+        told = {n["event"]: n for n in read(run / "DEADMAN_FIRED.json").get("notified", [])}
+        assert "deadman_fired" in told, read(run / "DEADMAN_FIRED.json")
+        assert told["deadman_fired"]["spooled"] and not told["deadman_fired"]["sent"], told
+        assert heard, "the hook never heard the message"
+    finally:
+        server.shutdown()

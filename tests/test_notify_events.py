@@ -431,7 +431,11 @@ def test_notif_the_dead_man_and_the_stop_engine_tell_only_the_runs_events(tmp_pa
     assert code == 1, err
     assert set(events(heard)) == {"stop_not_confirmed"}, heard     # the engine's escalations, nothing else
     notified = read(run / "DEADMAN_FIRED.json")["notified"]
-    assert {n["event"] for n in notified} == {"stop_not_confirmed"} and notified[0]["sent"] == ["hook"]
+    told = [n for n in notified if n["sent"]]
+    assert {n["event"] for n in told} == {"stop_not_confirmed"} and told[0]["sent"] == ["hook"], notified
+    # the firing's own message is on the record as not sent, and why (not one of the run's events)
+    assert [(n["event"], n["skipped"]) for n in notified if not n["sent"]] == [("deadman_fired", notified[0][
+        "skipped"])] and notified[0]["skipped"], notified
 
 
 # ---------------------------------------------------------------- laptop round 5 findings (issue 35)

@@ -692,7 +692,7 @@ def build_config(args, run_dir):
         if problem:
             warnings.append("WARNING: " + problem)
     if not args.dry_run:
-        problem = notify_config_problem()
+        problem = stop_engine.notify_config_problem()
         if problem and not getattr(args, "notify_refused_ok", False):
             raise core.Refused(problem)
         if problem:
@@ -702,22 +702,6 @@ def build_config(args, run_dir):
                         "refused%s" % (" and the fallback run" if cfg["fallback_stop_cmd"]
                                        else "; with no --fallback-stop-cmd the meter keeps running"))
     return cfg, warnings
-
-
-def notify_config_problem():
-    """Finding C10: a notify config the node refuses would make every message of this watcher vanish. The arm
-    refuses (exit 3, one line) so the launch says so, instead of a watcher that tells no one; a re-arm after a
-    restart (--notify-refused-ok) warns instead, since a run must never be left unwatched. No config is fine."""
-    try:
-        import notify
-    except ImportError:
-        return None
-    try:
-        notify.load_config()
-    except (core.UsageError, core.Refused) as exc:
-        return ("the notify config is refused (%s): no message would be sent; fix it (notify.py check) or move "
-                "it away, then arm again" % str(exc).splitlines()[0][:300])
-    return None
 
 
 def armed(args):

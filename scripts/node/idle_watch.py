@@ -25,7 +25,8 @@ machine is NOT CONFIRMED when this box is still up --confirm-seconds later (a pr
 revoked when it is still up --still-up-seconds later), and a stop not confirmed runs again every
 --stop-retry-minutes until confirmed or acknowledged (deadman.py, the same options). A destructive stop
 (terminate, destroy, rm ...) is refused when armed unless --allow-destructive: an idle box can still
-hold the only copy of a result.
+hold the only copy of a result. A notify config the node refuses (notify.py check fails) is refused when
+armed too, unless --dry-run: a watcher that would tell no one is not started.
 
 Usage:
   idle_watch.py arm --watch-dir DIR (--stop-cmd CMD | --profile NAME) [--idle-minutes M] [--util-below P]
@@ -47,7 +48,8 @@ arm detaches (double fork, own session: it survives the SSH session) and prints 
 
 Exit codes: 0 armed / status printed / disarmed (with --foreground: 0 fired and stopped), 1 a check
 failed (with --foreground: the stop failed or was not confirmed); 2 usage; 3 refused (a watcher
-already runs there, a destructive stop without --allow-destructive, or a stop that cannot run here).
+already runs there, a destructive stop without --allow-destructive, a stop that cannot run here, or a
+notify config the node refuses).
 """
 import os
 import shlex
@@ -190,6 +192,9 @@ def build_config(args):
         stop_cmd=args.stop_cmd, profile=args.profile, profile_explicit=bool(args.profile),
         fallback_stop_cmd=args.fallback_stop_cmd, pre_stop_cmd=args.pre_stop_cmd,
         confirm_seconds=args.confirm_seconds, dry_run=args.dry_run, allow_destructive=args.allow_destructive)
+    problem = None if args.dry_run else stop_engine.notify_config_problem()
+    if problem:   # finding C10, as the dead-man's arm: a watcher that would tell no one is refused
+        raise core.Refused(problem)
     if plan["destructive"] and not args.allow_destructive:
         raise core.Refused("the stop looks destructive (%s); an idle box may still hold the only copy of a "
                            "result. Use the platform's stop/pause action, or add --allow-destructive"
@@ -280,7 +285,7 @@ def build_parser():
                              ok="armed (with --foreground: fired and the stop ran and was not disproved)",
                              fail="(--foreground) the stop failed or was not confirmed",
                              refused="a watcher already runs in --watch-dir, the stop is destructive without "
-                                     "--allow-destructive, or it cannot run here"))
+                                     "--allow-destructive, it cannot run here, or the notify config is refused"))
     arm.add_argument("--watch-dir", required=True, help="folder for the watcher's state, record and log")
     arm.add_argument("--stop-cmd", help="argv string that stops this box's meter ($VAR allowed)")
     arm.add_argument("--profile", help="use this profile's METER_STOP_CMD as the stop")

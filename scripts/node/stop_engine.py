@@ -613,6 +613,23 @@ def exit_codes(attempts):
     return ("exit code%s %s" % ("" if len(codes) == 1 else "s", ", ".join(codes))) if codes else "no attempt ran"
 
 
+def notify_config_problem():
+    """Finding C10: a notify config the node refuses would make every message of a watcher vanish. Each watcher's
+    arm refuses (exit 3, one line) so the launch says so, instead of a watcher that tells no one; the dead-man's
+    re-arm after a restart (--notify-refused-ok) warns instead, since a run must never be left unwatched. No
+    config is fine. -> the problem in one line, or None."""
+    try:
+        import notify
+    except ImportError:
+        return None
+    try:
+        notify.load_config()
+    except (core.UsageError, core.Refused) as exc:
+        return ("the notify config is refused (%s): no message would be sent; fix it (notify.py check) or move "
+                "it away, then arm again" % str(exc).splitlines()[0][:300])
+    return None
+
+
 def notifier(base_fields, events=None):
     """send(event, fields) through notify.py (bounded, never raising), or None when it is absent. EVENTS is
     the run's own event list (runrec.notify_events; None: every event the targets take).

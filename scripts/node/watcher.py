@@ -243,6 +243,13 @@ class Watcher(object):
             return result
         return send
 
+    def told(self, event, result):
+        """What became of a message the firing sent, in the firing's record (as the stop engine records its own)."""
+        if isinstance(result, dict):
+            self.fired.setdefault("notified", []).append(
+                {"event": event, "sent": result.get("sent"), "spooled": result.get("spooled"),
+                 "skipped": result.get("skipped")})
+
     def count_lost(self, event, result):
         """Count a message that reached no one for good: dropped by a target, or refused by a bad config."""
         if not isinstance(result, dict):
@@ -417,11 +424,12 @@ class Watcher(object):
         self.log("FIRED: %s: %s" % (reason, detail))
         send = self.sender()
         if send is not None:   # before the stop: it may take the box and the message
-            send("idle_stop" if reason == "idle_box" else "deadman_fired", {"reason": reason, "detail": detail})
+            event = "idle_stop" if reason == "idle_box" else "deadman_fired"
+            self.told(event, send(event, {"reason": reason, "detail": detail}))
             hours, spent = self.budget(time.monotonic())
             if reason == "max_hours" and hours is not None and (self.budget_fired or
                                                                   cfg.get("max_hours", 0) >= hours - 1e-6):
-                send("budget_100", spent)   # the cap that fired is the one the budget bought
+                self.told("budget_100", send("budget_100", spent))   # the cap that fired is the budget's
         try:
             self.before_stop(job_pid, job_alive)
         except Exception:  # noqa: BLE001  the stop must run even when the courtesy to the job failed
