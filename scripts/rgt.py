@@ -107,11 +107,10 @@ Push and pull say which ran. The node folder gets the toolkit plus profiles/inde
 every file matches the version stamp; the command prints the version the node now runs.
 
 Exit codes: 0 OK (status: the run succeeded); 1 a check failed (ledger: a torn row was found, so the list
-may be missing a run); 2 usage or bad input (resume: also a ledger that cannot be written, checked
-before the node acts); 3 refused (a gate, a resume, a pull over other content), never anything else; status passes
+may be missing a run); 2 usage or bad input; 3 refused (a gate, a resume, a pull over other content), never anything else; status passes
 run_status.py's codes through (4 running, 5 starting, 6 stalled, 7 dead-man fired, 8 finished but UNWATCHED); sweep
-4 --check-only found work, billing 4 its view is incomplete (billing.py); 10 patrol escalates; 12 launch refused: the ledger cannot record it (read-only, full disk), so nothing was
-started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool
+4 --check-only found work, billing 4 its view is incomplete (billing.py); 10 patrol escalates; 12 launch or resume refused: the ledger cannot record it (read-only, full disk), so nothing
+was started on the node; 255 ssh could not reach HOST; pull and gate killed by SIGINT or SIGTERM end their tool
 with them and exit 130 or 143 (an interrupted pull leaves a ledger row: event pull, result interrupted).
 `rgt.py COMMAND --help` ends with that command's own codes.
 """
@@ -622,14 +621,14 @@ class LedgerRefused(core.UsageError):
     """The ledger cannot record a launch: nothing starts on the node (exit LEDGER_REFUSED)."""
 
 
-def pending_row(args, **fields):
-    """The launch's first ledger row (launch_pending, state launching), written BEFORE the node acts: a ledger
-    that cannot take it (read-only, or a full disk, which a writability check cannot see) refuses the launch,
-    so no run ever bills unlisted; a later row lost to a disk that filled meanwhile leaves this one listing it."""
+def pending_row(args, event="launch_pending", state="launching", **fields):
+    """A launch's or resume's first ledger row (EVENT, STATE), written BEFORE the node acts: a ledger that cannot
+    take it (read-only, or a full disk, which a writability check cannot see) refuses the command, so no attempt
+    ever bills unlisted; a later row lost to a disk that filled meanwhile leaves this one listing it."""
     path = ledger_path(args.ledger)
     address, machine = box_of(args)
     try:
-        ledger_append(path, event="launch_pending", host=args.host, box=address, state="launching",
+        ledger_append(path, event=event, host=args.host, box=address, state=state,
                       **dict(fields, **({"machine_id": machine} if machine else {})))
     except OSError as exc:
         raise LedgerRefused("the run ledger %s cannot be written (%s): nothing was started on %s; free space there, "
@@ -811,8 +810,8 @@ def cmd_resume(args, ssh):
     argv += ["--dry-run"] if args.dry_run else []
     argv += ["--force-restart"] if getattr(args, "force_restart", False) else []
     argv += ["--max-cost", "%.12g" % args.max_cost] if args.max_cost is not None else []
-    if not args.dry_run:
-        ledger_writable(ledger_path(args.ledger))   # before the node acts: a new attempt never runs unrecorded
+    if not args.dry_run:   # launch's rule: a row before the node acts, else refused (12), nothing resumed (N20)
+        pending_row(args, "resume_pending", "resuming", run_id=rid, profile=profile, run_dir=run_dir)
     # boot_resume waits up to 90 s for the old dead-man and 600 s for the relaunch: leave it room
     res, result = node_json(args, ssh, argv, "resume", 900)
     if not args.dry_run:
@@ -1241,10 +1240,10 @@ COMMAND_EXITS = {
     "logs": "0 the log's tail was printed; 1 the node could not read it; 2 usage" + _SSH,
     "ack": "deadman.py ack's: 0 written; 1 the node could not run it; 2 usage (a bad run id or value)" + _SSH,
     "resume": "boot_resume.py --run's: 0 resumed (with --dry-run: it would be); 1 something could not be done "
-              "(its line says what); 2 usage, or a ledger that cannot be written (checked before the node acts); "
-              "3 refused (an attempt still live, succeeded, past the attempt cap or --give-up-hours, the run's "
+              "(its line says what); 2 usage; 3 refused (an attempt still live, succeeded, past the attempt cap or --give-up-hours, the run's "
               "budget spent, a --max-cost not above the amount spent, a restart that would supersede verified "
-              "outputs)" + _SSH,
+              "outputs); 12 refused before the node acts: the ledger cannot record the resume (read-only, full "
+              "disk), nothing resumed" + _SSH,
     "pull": "pull_verified.py's: 0 verified and promoted (or already here, the same); 1 a check failed "
             "(nothing promoted); 2 usage or bad environment; 3 refused: DEST/RID exists with other content"
             + _SIGNAL + _SSH,

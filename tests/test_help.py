@@ -250,7 +250,7 @@ def command_codes(name):
         codes |= tool_codes(*PASSES_ON[name])
     if name not in ("ledger", "billing"):
         codes |= {str(rgt.SSH_UNREACHABLE), "1"}
-    codes |= {"patrol": {str(rgt.PATROL_ESCALATE)}, "launch": {str(rgt.LEDGER_REFUSED)},
+    codes |= {"patrol": {str(rgt.PATROL_ESCALATE)}, "launch": {str(rgt.LEDGER_REFUSED)}, "resume": {str(rgt.LEDGER_REFUSED)},
               "pull": {"130", "143"}, "gate": {"130", "143"}, "ledger": {"1"}}.get(name, set())
     return codes
 

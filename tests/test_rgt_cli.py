@@ -599,3 +599,52 @@ def test_finding_review_D4_a_durable_dir_in_the_nodes_environment_moves_no_resul
         assert gate.returncode == 0 and "PASS" in gate.stdout, gate.stdout + gate.stderr
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------- field N20: resume records before the node acts
+
+def ledger_full_at(size):
+    """A preexec_fn: no file may grow past SIZE bytes (a full laptop disk: the ledger's write comes back short)."""
+    def apply():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return apply
+
+
+def test_finding_field_N20_a_resume_the_ledger_cannot_record_is_refused_before_the_node_acts(tmp_path, sshd_server):
+    """launch writes its first row before the node acts and refuses (12) when it cannot; resume only checked that
+    the file opened (a full disk passed, the attempt ran unrecorded) and a folder it could not make was exit 2.
+    Now resume writes its resume_pending row first: a ledger that cannot take it refuses with launch's code, one
+    line, and the node is never asked (attempt 1 stays, no resume record)."""
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    ledger = tmp_path / "ledger.jsonl"
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    res = rgt(tmp_path, sshd_server, "launch", "gpu-box", "--profile", "local", "--run-id", "n20",
+              "--durable-dir", str(durable), "--cwd", str(work), "--", "--deadman-dry-run", "--wait",
+              "--poll-seconds", "0.2", "--", "python3", "-c", "raise SystemExit(1)")
+    assert res.returncode == 1, res.stdout + res.stderr          # a failed attempt: resumable
+    run_dir = durable / "runs" / "n20"
+    before = ledger.read_bytes()
+    base = [sys.executable, str(RGT), "--ssh-config", str(sshd_server.config), "--node-dir",
+            str(tmp_path / "node-bin")]
+    full = subprocess.run(base + ["--ledger", str(ledger), "resume", "gpu-box", "n20"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, preexec_fn=ledger_full_at(len(before)))
+    blocked = tmp_path / "state-is-a-file"
+    blocked.write_text("")
+    gone = subprocess.run(base + ["--ledger", str(blocked / "ledger.jsonl"), "resume", "gpu-box", "n20",
+                                  "--durable-dir", str(durable)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    for refused in (full, gone):
+        assert refused.returncode == 12, refused.stdout + refused.stderr
+        assert refused.stdout == "" and refused.stderr.count("\n") == 1, refused.stdout + refused.stderr
+        assert "cannot be written" in refused.stderr and "nothing was started on gpu-box" in refused.stderr
+    assert ledger.read_bytes() == before                            # no torn row either
+    assert not (run_dir / "resume.json").exists() and not (run_dir / "previous").exists()
+    assert json.loads((run_dir / "status.json").read_text())["attempt"] == 1
+    ok = rgt(tmp_path, sshd_server, "--json", "resume", "gpu-box", "n20")   # a writable ledger: resumed, both rows
+    assert ok.returncode == 0 and json.loads(ok.stdout)["attempt"] == 2, ok.stdout + ok.stderr
+    events = [json.loads(line)["event"] for line in ledger.read_text().splitlines()]
+    assert events[-2:] == ["resume_pending", "resume"], events
