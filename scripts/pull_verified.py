@@ -57,24 +57,46 @@ Exit codes:
        pull running); staging is kept for the next run, nothing is promoted
   2    usage or bad environment (bad flags or --source, a forced transport missing, DEST not creatable)
   3    refused: DEST/<run_id>/ exists with different or damaged content
-  130  interrupted (Ctrl-C / SIGTERM / SIGHUP); re-run the same command to continue. The transfer
+  130  interrupted (Ctrl-C / SIGTERM / SIGHUP) in any phase, one INTERRUPTED line (before the lock: nothing
+       pulled; after it: staging kept); re-run the same command to continue. The transfer
        process dies with this one (Linux: even after kill -9) and holds the pull's lock while alive
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
-import shlex
-import shutil
 import signal
-import subprocess
 import sys
-import tarfile
-import tempfile
-import threading
-import time
+
+INTERRUPTING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def catch_signals(handler) -> dict:
+    """HANDLER for SIGINT, SIGTERM and SIGHUP (a closed terminal or a dropped ssh session too), but not for one
+    this process was started ignoring (nohup, a background job) -> the handlers it replaced."""
+    return {sig: signal.signal(sig, handler) for sig in INTERRUPTING if signal.getsignal(sig) != signal.SIG_IGN}
+
+
+def _interrupted_loading(signum, _frame):
+    """An interrupt while the modules load: nothing is written and no child runs yet, so one line and out."""
+    sys.stderr.write(f"pull_verified: INTERRUPTED ({signal.Signals(signum).name}) while starting: nothing pulled; "
+                     "re-run the same command\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+if __name__ == "__main__":   # from the first statement on (finding field N21); main() then raises Interrupted
+    catch_signals(_interrupted_loading)
+
+import hashlib  # noqa: E402  (the imports follow the signal handlers)
+import json  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tarfile  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "node"))
@@ -108,8 +130,9 @@ class UnexpectedMember(tarfile.TarError):
     copy): the pull fails even when every listed file arrived, and nothing of the member is written."""
 
 
-class Interrupted(Exception):
-    """SIGINT/SIGTERM arrived (exit 130)."""
+class Interrupted(BaseException):
+    """SIGINT, SIGTERM or SIGHUP arrived (exit 130). A BaseException, as KeyboardInterrupt: no `except Exception`
+    on the way (the run-state probe's) may swallow it."""
 
 
 # ---------------------------------------------------------------- sources and fetching
@@ -837,9 +860,30 @@ def _raise_interrupt(signum, _frame):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    """Every phase ends on an interrupt in one line and exit 130: before the lock (the arguments, the manifest's
+    ssh read, the check of an existing pull: nothing written but DEST itself) here; after it, pull() keeps the
+    staging dir and ends the transfer (finding field N21)."""
+    previous = catch_signals(_raise_interrupt)
+    seen = {}
+    try:
+        return pull(argv, seen)
+    except Interrupted as exc:
+        line = f"INTERRUPTED ({exc}) before the pull took its lock: nothing pulled; re-run the same command"
+        if "summary" in seen:
+            seen["summary"].update(status="interrupted")
+            emit(seen["args"], seen["summary"], [line])
+        else:
+            print(f"pull_verified: {line}", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def pull(argv, seen) -> int:
+    args = seen["args"] = parse_args(argv)
     core.guard_output(getattr(args, "json", False))   # file names and reasons come from the node: finding_laptop_L10
-    summary = {"ok": False, "status": "failed", "source": args.source, "problems": []}
+    summary = seen["summary"] = {"ok": False, "status": "failed", "source": args.source, "problems": []}
     try:
         host, root = parse_source(args.source)
         if host is None and not os.path.isdir(os.path.expanduser(root)):
@@ -927,9 +971,7 @@ def main(argv=None) -> int:
         return 1
 
     held = (lock_handle.fileno(),)
-    # SIGHUP too: a closed terminal or a dropped ssh session must stop the transfer cleanly, not orphan it
-    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    rsync_job = None
+    rsync_job = None   # main() catches SIGINT, SIGTERM and SIGHUP: each raises Interrupted, here or before the lock
     started = time.monotonic()
     try:
         if args.fresh and os.path.isdir(staging):
@@ -1009,8 +1051,6 @@ def main(argv=None) -> int:
                              "continue"])
         return 130
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         lock_handle.close()
     seconds = time.monotonic() - started
     summary.update({"ok": True, "status": "promoted", "seconds": round(seconds, 3), "verified": verified})
@@ -1025,4 +1065,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(core.run_main(main, prog='pull_verified.py'))
+    CODE = core.run_main(main, prog='pull_verified.py')
+    catch_signals(signal.SIG_IGN)   # the verdict is out: a signal now can no longer change the exit code
+    sys.exit(CODE)

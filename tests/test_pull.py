@@ -1052,3 +1052,49 @@ def test_finding_field_N18_a_pull_of_a_running_run_says_still_running(tmp_path, 
                   "--durable-dir", durable, "--cwd", work, "--", "--no-deadman", "--wait", "--resume-glob",
                   "ckpt/*", "--resume-arg", "--resume {}", "--", "python3", "-c", "1")
     assert adapted.returncode == 0 and "WARN no resume adapter" not in adapted.stderr, adapted.stderr
+
+
+# ---------------------------------------------------------------- field N21: interrupted before the pull's lock
+
+SLOW_SSH = r'''#!/bin/sh
+# ssh as pull_verified.py runs it before its lock: the read whose command holds $HANG_AT hangs (its pid written
+# first, as the marker), any other answers "not there"
+case "$*" in
+  *"$HANG_AT"*) echo $$ > "$HANG_PID.tmp"; mv "$HANG_PID.tmp" "$HANG_PID"; exec sleep 600 ;;
+esac
+echo "cat: no such file" >&2
+exit 1
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["INT", "TERM", "HUP"])
+@pytest.mark.parametrize("phase", ["cat --", "--run-state"], ids=["manifest-read", "run-state-probe"])
+def test_finding_field_N21_a_pull_interrupted_before_its_lock_ends_in_one_line(tmp_path, phase, sig):
+    """Before its lock (the manifest's ssh read; the probe that asks whether the run still runs) SIGINT was a
+    KeyboardInterrupt (a traceback while loading), SIGTERM and SIGHUP killed the pull outright with its ssh child
+    left running, and the probe's `except Exception` could swallow the interrupt. Now each ends in one line, exit
+    130 (the docstring's interrupted code), the ssh child gone and nothing in DEST."""
+    bindir, marker, dest = tmp_path / "bin", tmp_path / "ssh.pid", tmp_path / "pulled"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(SLOW_SSH)
+    (bindir / "ssh").chmod(0o755)
+    env = dict(os.environ, PATH="%s:%s" % (bindir, os.environ["PATH"]), HANG_AT=phase, HANG_PID=str(marker))
+    proc = subprocess.Popen([sys.executable, str(PULL), "--source", "gpu:/durable/results/n21", "--dest", str(dest),
+                             "--transport", "tar"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert wait_for(lambda: marker.is_file(), 60), "the ssh stand-in never ran"
+        ssh_pid = int(marker.read_text())
+        proc.send_signal(sig)                               # by pid: the pull alone, as an agent's timeout does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = (out + err).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("INTERRUPTED (%s)" % sig.name), lines
+    assert "re-run the same command" in lines[0]
+    assert wait_for(lambda: not alive(ssh_pid), 30), "the ssh child outlived the pull"
+    assert not dest.exists()                                # nothing written: the lock comes after DEST
