@@ -11,6 +11,7 @@ billing.py, notify_cli.py and reap.py. It imports none of them, so no import cir
                           keyed by box identity (user@hostname:port as ssh resolves it, plus the node's machine
                           id); rows older than box addresses key by their host string
   cost_so_far(...)        what a run has cost: rate x the run's budget clock, with the basis said
+  reuse_refusal(rec, ...) why a launch of a run id the box already ran is refused (None: it never started)
 
 A run's state ("run_state") is set only by rows that ask the node or start an attempt (launch, resume,
 status, patrol): a later pull or gate row never turns a finished run back into a running one.
@@ -213,6 +214,17 @@ def find_run(runs, rid, box=None, host=None):
     found = found or [rec for key, rec in runs.items() if key[2] == rid and host and
                       (rec.get("host") == host or key[0] == host)]
     return found[-1] if found else None
+
+
+def reuse_refusal(rec, host, rid):
+    """Why a launch of RID must not start when the ledger already holds a started run RID on the box (REC, a fold()
+    run): None when no attempt of it ever started there (a launch the node refused, or ssh never reached). The node refuses it too (launcher.py): this says it
+    before a row is written, so the refusal never marks that run's record failed (finding field N19)."""
+    if not (rec and (rec.get("first_launch") or rec.get("attempt"))):   # an attempt number: the node made the run
+        return None
+    return ("run %s was launched on %s already (the ledger: attempt %s, %s): a launch never reuses a run; continue "
+            "it with `rgt.py resume %s %s`, or launch under a new --run-id; nothing was started"
+            % (rid, host, rec.get("attempt") or "?", rec.get("run_state") or "launched", host, rid))
 
 
 money = core.money   # one money format, the node's too (rgt_core.money)

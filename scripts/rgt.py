@@ -52,7 +52,8 @@ output globs, stall minutes, wall-clock cap, GPU requirement: see run_one.sh); t
 last `--` are the job. With one `--` only, all of it is the job. A launch with no resume adapter
 (--resume-glob/--resume-arg) warns that a restart would supersede its results. The run dir is
 DURABLE_DIR/runs/RID (DURABLE_DIR from --durable-dir, else the profile), the results dir
-DURABLE_DIR/results/RID; later commands find both in the ledger. `rgt.py launch --help` lists:
+DURABLE_DIR/results/RID; later commands find both in the ledger. A run id the node already holds (or the ledger
+launched on that box) is refused, exit 3, nothing started: continue it with resume. `rgt.py launch --help` lists:
   run_one.sh options most launches use: --output GLOB, --stall-minutes M, --max-hours H, --require-gpu, --wait
   run_one.sh resume adapters for a trainer you did not write: --resume-glob, --resume-arg ('--init_from=resume')
   and --progress-regex, so that resume continues from the newest checkpoint instead of step 0 (run_one.sh);
@@ -558,6 +559,9 @@ def cmd_launch(args, ssh):
     options, job = split_launch(args.rest)
     if not job:
         raise core.UsageError("no job command: rgt.py launch HOST --profile P --run-id RID -- CMD [ARGS...]")
+    refusal = ledger.reuse_refusal(box_runs(args).get(rid), args.host, rid)
+    if refusal:   # before any row: a refused relaunch never marks the run it names failed (N19)
+        raise core.Refused(refusal)
     options, budget = launch_budget(args, options)
     argv = [Raw("RGT_PYTHON=" + node_python(args)), "bash", node_tool(args, "run_one.sh"), "--profile", profile,
             "--run-id", rid, "--run-dir", run_dir]
@@ -1229,7 +1233,7 @@ COMMAND_EXITS = {
              "bad input; 3 a gate refused (each reason on stderr)" + _SSH,
     "launch": "run_one.sh's: 0 launched (with --wait: the job and its sync succeeded; a failed job's own code); "
               "1 the supervisor could not be started (with --wait: the sync failed); 2 usage; 3 a gate refused "
-              "(disk floor, durable dir, GPU, a live run or dead-man on the run dir); 12 refused before the node "
+              "(disk floor, durable dir, GPU, a run id the node or the ledger already holds: resume it); 12 refused before the node "
               "acts: the ledger cannot record the launch (read-only, full disk), nothing started" + _SSH,
     "status": "run_status.py's, passed through: 0 succeeded; 1 failed, sync_failed or interrupted; 2 usage, not a "
               "run dir or unreadable state; 4 running (or syncing); 5 starting; 6 stalled; 7 dead-man fired; "
@@ -1330,7 +1334,7 @@ def build_parser(only=None):
     if wanted("launch"):
         p = host_cmd("launch", "start a job through run_one.sh (dead-man first, detached)", epilog=LAUNCH_EPILOG)
         p.add_argument("--profile", required=True, help="the node's platform profile (meter-stop, dirs, proxy hook)")
-        p.add_argument("--run-id", required=True, help="a new run id (letters, digits, . _ -); resume uses it")
+        p.add_argument("--run-id", required=True, help="a new run id (letters, digits, . _ -); one that exists is refused (3): resume it")
         p.add_argument("--cwd", help="the job's working directory on the node (created)")
         p.add_argument("--rate-per-hour", type=float, help="the price the user pays, for the cost line")
         p.add_argument("--max-cost", type=core.arg_number(float, 0.0, low_open=True),

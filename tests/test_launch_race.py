@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import NODE, need, path_without, pid_alive, runs_from
+from conftest import NODE, need, path_without, pid_alive, runs_from, wait_for
 from conftest import read_json as read
 
 pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test here is a finding
@@ -131,3 +131,60 @@ def test_finding_6_the_launcher_never_overwrites_a_run_that_has_a_supervisor(tmp
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 1 and "a supervisor has it" in res.stderr
     assert (rd / "status.json").read_text() == before
+
+
+# ---------------------------------------------------------------- field N19: a launch never reuses a run
+
+def tree(rd):
+    """{relative path: bytes} of every file under RD (directories by name): what a refused launch must not change."""
+    return {str(p.relative_to(rd)): (p.read_bytes() if p.is_file() else None) for p in sorted(rd.rglob("*"))}
+
+
+def refused_once(res, *words):
+    assert res.returncode == 3, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already exists" in lines[0] and "rgt.py resume" in lines[0], lines
+    assert "--run-id" in lines[0] and all(w in lines[0] for w in words), lines[0]
+    assert res.stdout == ""
+
+
+def test_finding_field_N19_a_launch_under_an_existing_run_id_is_refused_and_changes_nothing(box, tmp_path):
+    """run_one.sh with the run id of a run the node holds: a live one was refused by its run lock only after the
+    gates, a finished one got attempt 2 behind the user's back (evidence moved aside, the run record replaced),
+    and one whose budget was spent armed a dead-man on the first start's clock: the job started and was stopped
+    at the first check, paid for nothing. Now each is refused (3) in one line naming the run's state, with no job
+    started and not a byte of the run dir changed; resume is the way to a next attempt, and it still works."""
+    sys.path.insert(0, str(NODE))
+    import runrec
+    import time
+    hold = box.work / "hold"
+    hold.write_text("")
+    live_job = [sys.executable, "-c", "import os, time\nwhile os.path.exists('hold'): time.sleep(0.05)\n"]
+    assert box.launch("n19-live", live_job, "--no-deadman").returncode == 0
+    assert box.launch("n19-over", box.job("over", code=1)[0], "--no-deadman", "--wait").returncode == 1
+    assert box.launch("n19-spent", box.job("spent")[0], "--no-deadman", "--wait").returncode == 0
+    # the clock the dead-man keeps (runrec.start_budget): started 10 s ago at 3600/h, so 10 of a 0.5 cap is spent
+    runrec.start_budget(str(box.run_dir("n19-spent")), 0.5, 3600.0, time.time() - 10)
+    try:
+        assert wait_for(lambda: box.status("n19-live").get("state") == "running", 60)
+        for rid, words in (("n19-live", ("live", "running")), ("n19-over", ("attempt 1", "failed")),
+                           ("n19-spent", ("succeeded", "budget spent"))):
+            rd = box.run_dir(rid)
+            before = tree(rd) if rid != "n19-live" else None
+            status = (rd / "status.json").read_bytes()
+            again, cfg = box.job("again-" + rid)
+            res = box.launch(rid, again, "--grace-minutes", "5", "--wait")
+            refused_once(res, *words)
+            assert not os.path.exists(cfg["seen"]), "the second launch started its job"
+            assert (rd / "status.json").read_bytes() == status and not (rd / "previous").exists()
+            assert not (rd / "deadman.json").exists(), "the refused launch armed a dead-man"
+            if before is not None:
+                assert tree(rd) == before
+    finally:
+        hold.unlink()
+    assert box.wait_terminal("n19-live")["attempt"] == 1
+    # the way on is resume: boot_resume.py replays the launch under RUN_DIR/resume.lock, as attempt 2
+    res = subprocess.run([sys.executable, str(NODE / "boot_resume.py"), "--run", str(box.run_dir("n19-over")),
+                          "--force-restart", "--json"], env=box.env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and json.loads(res.stdout)["attempt"] == 2, res.stdout + res.stderr
+    assert box.wait_terminal("n19-over")["attempt"] == 2

@@ -648,3 +648,36 @@ def test_finding_field_N20_a_resume_the_ledger_cannot_record_is_refused_before_t
     assert ok.returncode == 0 and json.loads(ok.stdout)["attempt"] == 2, ok.stdout + ok.stderr
     events = [json.loads(line)["event"] for line in ledger.read_text().splitlines()]
     assert events[-2:] == ["resume_pending", "resume"], events
+
+
+# ---------------------------------------------------------------- field N19: launch never reuses a run id
+
+def test_finding_field_N19_rgt_launch_of_an_existing_run_id_is_refused_before_the_node_acts(tmp_path, sshd_server):
+    """A second `rgt.py launch` with a run id already run on the box started attempt 2 behind the user's back.
+    Now a run the ledger launched there is refused here (3, one line, no row: the run's own record is not
+    marked failed), and one only the node knows (another laptop's ledger) is refused by the node's launcher
+    (3, its line passed through): nothing started, the run dir unchanged, resume named as the way on."""
+    durable, work = tmp_path / "durable", tmp_path / "work"
+    work.mkdir()
+    assert rgt(tmp_path, sshd_server, "push", "gpu-box", "--transport", "tar").returncode == 0
+    launch = ["launch", "gpu-box", "--profile", "local", "--run-id", "n19", "--durable-dir", str(durable), "--cwd",
+              str(work), "--", "--deadman-dry-run", "--wait", "--poll-seconds", "0.2", "--"]
+    assert rgt(tmp_path, sshd_server, *launch, "python3", "-c", "raise SystemExit(1)").returncode == 1
+    run_dir, ledger = durable / "runs" / "n19", tmp_path / "ledger.jsonl"
+    rows_before, status = ledger.read_bytes(), (run_dir / "status.json").read_bytes()
+    names = sorted(p.name for p in run_dir.iterdir())
+    again = rgt(tmp_path, sshd_server, *launch, "python3", "-c", "open('ran', 'w')")
+    assert again.returncode == 3, again.stdout + again.stderr
+    assert again.stderr.count("\n") == 1 and "launched on gpu-box already" in again.stderr, again.stderr
+    assert "attempt 1" in again.stderr and "rgt.py resume gpu-box n19" in again.stderr, again.stderr
+    assert ledger.read_bytes() == rows_before
+    other = subprocess.run([sys.executable, str(RGT), "--ssh-config", str(sshd_server.config), "--node-dir",
+                            str(tmp_path / "node-bin"), "--ledger", str(tmp_path / "other.jsonl")] + launch
+                           + ["python3", "-c", "open('ran', 'w')"], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)
+    assert other.returncode == 3, other.stdout + other.stderr
+    assert "run n19 already exists in %s (attempt 1, failed)" % run_dir in other.stderr, other.stderr
+    assert not (work / "ran").exists() and (run_dir / "status.json").read_bytes() == status
+    assert sorted(p.name for p in run_dir.iterdir()) == names
+    theirs = [(r["event"], r.get("state"), r.get("rc")) for r in map(json.loads, open(tmp_path / "other.jsonl"))]
+    assert theirs == [("launch_pending", "launching", None), ("launch", "launch_failed", 3)], theirs

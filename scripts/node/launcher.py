@@ -14,7 +14,10 @@ Usage:
       the run id and dir, the disk gate (free bytes AND inodes of each filesystem of the run dir, DATA_DIR and
       DURABLE_DIR; a write probe in DURABLE_DIR/results; the floor: --disk-floor-gb, else DISK_FLOOR_GB, else
       rgt_core.DEFAULT_DISK_FLOOR_GB; DISK_FLOOR_INODES, else rgt_core.DEFAULT_MIN_FREE_INODES), the GPU gate
-      (`nvidia-smi -L` lists a GPU within S seconds, default 15), then the run dir and run.lock for PID.
+      (`nvidia-smi -L` lists a GPU within S seconds, default 15), then the run dir and run.lock for PID. A run dir
+      that already holds a run (status.json, run.json or budget.json; live, over or its budget spent) is refused
+      (3) before anything is written: a launch never reuses a run; only a resume's replay (boot_resume.py, holding
+      RUN_DIR/resume.lock) starts its next attempt there.
       Prints KEY NUL VALUE NUL pairs: PY (this interpreter), PROFILE, RGT_PROFILE_INDEX, RUN_ID, RUN_DIR,
       RESULTS_DIR, FLOOR_GB and FLOOR_INODES (the floors this gate used; the dead-man's disk_low watch gets
       the same), DATA_DIR, DURABLE_DIR, HF_HOME, PROXY_HOOK
@@ -32,8 +35,8 @@ Usage:
                    [--resume-glob GLOB --resume-arg TEMPLATE] [--resume-from PATH] [--progress-regex RE]
                    [--auto-resume] [--max-attempts N] [--launch-arg WORD]... [--total-steps N]
                    [--notify-events E1,E2] -- CMD [ARGS...]
-      write run.json and status.json (state starting, attempt N); an earlier attempt's evidence moves to
-      previous/<stamp>/; refused (3) while a live dead-man is armed on D (with --check-deadman)
+      write run.json and status.json (state starting, attempt N); an earlier attempt's evidence (a resume's
+      replay) moves to previous/<stamp>/; refused (3) while a live dead-man is armed on D (with --check-deadman)
   launcher.py fail --run-dir D --message TEXT
       mark a run that never got a supervisor as failed; exit 0 when no supervisor ever claimed it
       (nor can now), exit 1, changing nothing, when one has
@@ -197,6 +200,33 @@ def take_run_lock(run_dir, launcher_pid):
     raise core.Refused("could not take the lock %s" % lock)
 
 
+RUN_RECORDS = (STATUS, RUN, runrec.BUDGET)   # any of them: the run dir already holds a run
+
+
+def refuse_existing_run(run_dir, rid):
+    """A launch never reuses a run (finding field N19): a run dir that holds a run record is refused, live or over,
+    before anything is written, unless a resume holds RUN_DIR/resume.lock (boot_resume.py replaying the launch
+    as the next attempt, with its caps, its budget check and the dead-man's hand-over). A second launch would
+    inherit the first start's budget clock (its dead-man may fire at its first check, the job already paid for)
+    and move the run's evidence aside."""
+    if not any(os.path.lexists(run_path(run_dir, name)) for name in RUN_RECORDS) or runrec.resume_in_progress(
+            run_dir):
+        return
+    act = runrec.run_activity(run_dir)
+    state = "attempt %s, %s" % (act.get("attempt") or "?", act.get("state") or "no status")
+    if act.get("live"):
+        state += ", live: %s" % act["why"]
+    clock = runrec.read_budget(run_dir)
+    spent = runrec.budget_spent_usd(clock, time.time()) if clock else None
+    cap = clock.get("budget_usd") if clock else None
+    if spent is not None and isinstance(cap, (int, float)) and not isinstance(cap, bool):
+        state += ", budget %s: %s of %s USD" % ("spent" if spent >= cap else "counting from its first start",
+                                                core.money(spent), core.money(cap))
+    raise core.Refused("run %s already exists in %s (%s): a launch never reuses a run; continue it with "
+                       "`rgt.py resume HOST %s` (on the node: boot_resume.py --run %s), or launch under a new "
+                       "--run-id; nothing was started" % (rid, run_dir, state, rid, run_dir))
+
+
 def op_prepare(args):
     """Everything that can refuse a launch before anything is written: the globs, the profile, where the run
     goes, the disk and GPU gates; then the run dir and its lock. Prints KEY NUL VALUE NUL pairs for run_one.sh."""
@@ -229,6 +259,7 @@ def op_prepare(args):
         there = os.path.dirname(there)
     if not os.path.isdir(there):
         raise core.UsageError("cannot use run dir %s: %s is not a directory" % (run_dir, there))
+    refuse_existing_run(run_dir, rid)
     floor_gb, floor_inodes = disk_floors(args, settings)
     paths = [run_dir] + [settings[k] for k in ("DATA_DIR", "DURABLE_DIR") if settings.get(k)]
     refuse_below_floor(paths, floor_gb, floor_inodes, [os.path.join(durable, "results")] if durable else [])

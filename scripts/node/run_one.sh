@@ -74,8 +74,9 @@
 # Exit codes: 0 launched (or, with --wait, the job and its sync succeeded); with --wait the job's
 # own exit code when it failed, or 1 when the job exited 0 but the durable sync failed;
 # 1 the supervisor could not be started; 2 usage; 3 a gate refused (disk floor, durable dir not
-# writable, no GPU, run dir locked by a live run, a dead-man still armed on this run dir, the
-# dead-man could not be armed).
+# writable, no GPU, a run id whose run dir already holds a run - live, over or its budget spent: a launch
+# never reuses one; resume it (rgt.py resume, boot_resume.py --run) or pick a new --run-id -, a dead-man
+# still armed on this run dir, the dead-man could not be armed).
 set -uo pipefail
 
 PROG=run_one.sh
