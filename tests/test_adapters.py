@@ -93,8 +93,9 @@ def test_third_party_trainer_preempted_and_resumed_as_attempt_two(tmp_path, box)
     os.utime(torn, (os.path.getmtime(box.work / "out" / "ckpt.pt") + 10,) * 2)
 
     gate.unlink()
-    second = subprocess.run(argv + [], cwd=str(box.work), env=env, capture_output=True, text=True, timeout=120)
-    assert second.returncode == 0, second.stderr
+    # attempt 2 is a resume (field N19: run_one.sh refuses a run id that already holds a run)
+    code, second, err = boot_resume(env, "--run", run_dir)
+    assert code == 0 and second["action"] == "resumed", (second, err)
     assert wait_for(lambda: read(run_dir / "status.json").get("state") in ("failed", "succeeded", "sync_failed", "interrupted"), 120)
     status = read(run_dir / "status.json")
     assert status["attempt"] == 2 and status["resume"]["from"] == "out/ckpt.pt"
