@@ -127,9 +127,7 @@ def test_finding_field_R1_a_new_run_never_resumes_another_runs_checkpoint(box):
     assert "start at step 0" in (box.run_dir("second") / "job.log").read_text()
     assert "resume:   none" in res.stdout and "ckpt/first.txt: written by run first" in res.stdout, res.stdout
     # its own checkpoint is what its next attempt resumes from, and the launch report says who wrote it
-    subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(box.run_dir("second")),
-                    "--disarm"], env=box.env, capture_output=True, timeout=60, check=True)
-    res = launch(box, "second", trainer(box, "second", ckpt="ckpt/second.txt", steps=5), *adapt, "--wait")
+    res = relaunch(box, "second", trainer(box, "second", ckpt="ckpt/second.txt", steps=5), *adapt, "--wait")
     status = box.status("second")
     assert status["attempt"] == 2 and status["resume"]["from"] == "ckpt/second.txt", status["resume"]
     assert "resume:   from ckpt/second.txt (written by: this run's attempt 1)" in res.stdout, res.stdout
@@ -189,10 +187,14 @@ def test_finding_field_R2_a_resume_that_cannot_resume_keeps_the_verified_generat
 
 
 def relaunch(box, run_id, job, *opts, ok=True):
-    """The next attempt of RUN_ID, launched again in its run dir once its last dead-man is disarmed."""
+    """The next attempt of RUN_ID, launched again in its run dir once its last dead-man is disarmed, holding
+    RUN_DIR/resume.lock as boot_resume.py's replay does (field N19: only a resume starts another attempt in a run
+    dir that holds a run); here with another job than the recorded one."""
     subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(box.run_dir(run_id)),
                     "--disarm"], env=box.env, capture_output=True, timeout=60, check=True)
-    return launch(box, run_id, job, *opts, ok=ok)
+    with open(box.run_dir(run_id) / "resume.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        return launch(box, run_id, job, *opts, ok=ok)
 
 
 def gate_lines(box, run_id, dest, profile_env, *extra):
