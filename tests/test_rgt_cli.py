@@ -665,7 +665,7 @@ def test_finding_field_N19_rgt_launch_of_an_existing_run_id_is_refused_before_th
     assert rgt(tmp_path, sshd_server, *launch, "python3", "-c", "raise SystemExit(1)").returncode == 1
     run_dir, ledger = durable / "runs" / "n19", tmp_path / "ledger.jsonl"
     rows_before, status = ledger.read_bytes(), (run_dir / "status.json").read_bytes()
-    names = sorted(p.name for p in run_dir.iterdir())
+    record = (run_dir / "run.json").read_bytes()
     again = rgt(tmp_path, sshd_server, *launch, "python3", "-c", "open('ran', 'w')")
     assert again.returncode == 3, again.stdout + again.stderr
     assert again.stderr.count("\n") == 1 and "launched on gpu-box already" in again.stderr, again.stderr
@@ -678,6 +678,8 @@ def test_finding_field_N19_rgt_launch_of_an_existing_run_id_is_refused_before_th
     assert other.returncode == 3, other.stdout + other.stderr
     assert "run n19 already exists in %s (attempt 1, failed)" % run_dir in other.stderr, other.stderr
     assert not (work / "ran").exists() and (run_dir / "status.json").read_bytes() == status
-    assert sorted(p.name for p in run_dir.iterdir()) == names
+    # the run's record is untouched and no attempt 2 moved it aside (the dry-run dead-man still writes its lease
+    # and log in its grace, so the folder's listing is no steady thing to compare)
+    assert (run_dir / "run.json").read_bytes() == record and not (run_dir / "previous").exists()
     theirs = [(r["event"], r.get("state"), r.get("rc")) for r in map(json.loads, open(tmp_path / "other.jsonl"))]
     assert theirs == [("launch_pending", "launching", None), ("launch", "launch_failed", 3)], theirs
