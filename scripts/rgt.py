@@ -288,8 +288,7 @@ def checked(res, what):
 # ---------------------------------------------------------------- the ledger
 
 # The ledger's file, rows and fold are scripts/ledger.py's; these names stay for rgt.py's callers and tests.
-ledger_path, LedgerError, ledger_append, ledger_writable = (ledger.path, ledger.LedgerError, ledger.append,
-                                                            ledger.writable)
+ledger_path, LedgerError, ledger_append = ledger.path, ledger.LedgerError, ledger.append
 
 
 def record(args, **event):
