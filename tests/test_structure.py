@@ -330,3 +330,18 @@ def test_line_budget_check_catches_a_long_script(tmp_path):
     (tmp_path / "scripts" / "node" / "big.py").write_text("x = 1\n" * (SCRIPT_MAX_LINES + 1))
     (tmp_path / "scripts" / "small.py").write_text("x = 1\n" * SCRIPT_MAX_LINES)
     assert long_scripts(tmp_path) == ["scripts/node/big.py (1501 lines)"]
+
+
+def test_finding_review_D10_each_shared_provider_and_file_check_has_one_owner():
+    """Review D10: the adapters' shared header (API base and its override variables, "is this answer about another
+    instance") lived in four copies, and the private-file check in two. Each is one owner now: providers.ADAPTERS,
+    providers.api_base, providers.not_this_instance; rgt_core.lstat_or_usage."""
+    node = REPO / "scripts" / "node"
+    adapters = sorted(node.glob("provider_*.py"))
+    assert len(adapters) == 4
+    for path in adapters:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"[\"']\w*_API_URL[\"']", text), "%s reads its API base itself (ADAPTERS owns it)" % path.name
+        assert "pv.api_base(" in text and "pv.not_this_instance(" in text, path.name
+    notify = (node / "notify.py").read_text(encoding="utf-8")
+    assert "os.lstat(" not in notify and "core.lstat_or_usage(" in notify, "notify.py checks a private file itself"
