@@ -113,6 +113,13 @@ def wait_for(predicate, timeout=30.0, step=0.05, what=None):
     return value
 
 
+def run_no_traceback(argv, timeout=300, **kw):
+    """subprocess.run of ARGV (each word str()-ed), text captured; fails the test on a Python traceback."""
+    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res
+
+
 def webhook():
     """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard, in order); the caller ends
     it with server.shutdown() and server.server_close(). It answers every POST 200."""
@@ -301,6 +308,12 @@ def repo() -> Path:
 @pytest.fixture
 def py() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def one_toolkit_version(monkeypatch):
+    """Other helpers edit scripts/node while a test runs; the version stamp is not what is tested there."""
+    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
 
 
 @pytest.fixture
