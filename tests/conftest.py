@@ -14,6 +14,7 @@ no other SSH session (the dead-man's SSH wait) take an exclusive lock that every
 Leftovers. When the session ends, any process still running from this session's temp dirs (an armed
 dead-man, a supervisor, a job, a tmux server) is listed, killed by pid and the run fails.
 """
+import ast
 import fcntl
 import json
 import os
@@ -119,6 +120,50 @@ def run_no_traceback(argv, timeout=300, **kw):
     assert "Traceback" not in res.stderr, res.stderr
     return res
 
+
+def proc_state(pid):
+    """None when gone; else the state letter (a 'Z' entry counts as dead)."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def pyenv_python(version: str, how: str) -> str:
+    """A Python VERSION ("3.8") interpreter: one pyenv keeps (its shim fails when VERSION is not selected), or on
+    PATH; missing (HOW says how to get one) when there is none."""
+    import glob
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = sorted(glob.glob(os.path.join(root, "versions", version + "*", "bin", "python" + version)))
+    path = found[-1] if found else shutil.which("python" + version)
+    want = tuple(int(part) for part in version.split("."))
+    if not path or subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == %r" % (want,)],
+                                  capture_output=True).returncode != 0:
+        missing("python%s is not installed (%s)" % (version, how))
+    return path
+
+
+def prose_lines(text: str):
+    """The lines of markdown TEXT outside fenced code blocks."""
+    fenced = False
+    for line in text.splitlines():
+        if re.match(r"^\s*(```|~~~)", line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield line
+
+
+def imported_modules(path) -> set:
+    """The top-level module names PATH imports anywhere in its body (top level or inside a function)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
 
 def webhook():
     """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard, in order); the caller ends

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAPTOP_LIBRARIES, REPO, missing, need_root
+from conftest import LAPTOP_LIBRARIES, REPO, need_root, pyenv_python
 
 PY = sys.executable
 # Variables a developer's shell may carry that would change what the scripts read.
@@ -477,16 +477,8 @@ def test_every_script_has_three_bad_inputs():
 
 
 def python36():
-    import glob
-    import shutil
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    found = sorted(glob.glob(os.path.join(root, "versions", "3.6*", "bin", "python3.6")))
-    path = found[-1] if found else shutil.which("python3.6")
-    if not path or subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == (3, 6)"],
-                                  capture_output=True).returncode != 0:
-        missing("python3.6 is not installed (pyenv install 3.6.15, or put any python3.6 on PATH; the GitHub "
-                "workflow takes one from conda-forge)")
-    return path
+    return pyenv_python("3.6", "pyenv install 3.6.15, or put any python3.6 on PATH; the GitHub workflow takes one "
+                               "from conda-forge")
 
 
 @pytest.mark.parametrize("script", ["scripts/node/build_pull_manifest.py", "scripts/node/node_probe.py",

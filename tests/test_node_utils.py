@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, need, untouched
+from conftest import NODE, SCRIPTS, TOOLS, need, proc_state, untouched
 
 SHELL_SCRIPTS = ["gpu_health.sh", "mem_monitor.sh", "reap_vram_zombies.sh", "setup-china-mirrors.sh"]
 FETCH = NODE / "fetch_resumable.py"
@@ -232,15 +232,6 @@ os.close(w)
 os.waitpid(pid, 0)
 print(os.read(r, 64).decode())
 """
-
-
-def proc_state(pid):
-    """None when gone; else the state letter (a 'Z' entry counts as dead)."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def is_alive(pid):

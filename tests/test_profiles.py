@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS, need_module
+from conftest import NODE, REPO, SCRIPTS, TOOLS, need_module, prose_lines as prose
 
 PROFILES = REPO / "profiles"
 BUILDER = TOOLS / "build_profile_index.py"
@@ -60,17 +60,6 @@ def frontmatter(pid: str) -> dict:
 def body(pid: str) -> str:
     text = profile_path(pid).read_text(encoding="utf-8")
     return text.split("\n---\n", 1)[1]
-
-
-def prose(text: str):
-    """Lines outside fenced code blocks."""
-    fenced = False
-    for line in text.splitlines():
-        if re.match(r"^\s*(```|~~~)", line):
-            fenced = not fenced
-            continue
-        if not fenced:
-            yield line
 
 
 def sections(pid: str) -> dict:

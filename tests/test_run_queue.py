@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS, kill_group_of, missing, need, need_root, wait_for
+from conftest import NODE, REPO, SCRIPTS, TOOLS, kill_group_of, missing, need, need_root, proc_state, wait_for
 
 QUEUE = NODE / "run_queue.sh"
 TRAIN = REPO / "examples" / "train_resumable.py"
@@ -245,14 +245,6 @@ def test_shellcheck_clean():
 
 
 # ---------------------------------------------------------------- finding 4: the cell's whole process tree
-
-def proc_state(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
 
 def alive(pid):
     return proc_state(pid) not in (None, "Z")
