@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,17 @@ def proc_state(pid):
         return None
 
 
+def link_and_device(tmp_path, link) -> list:
+    """The targets an output writer must refuse: LINK and, as root, a character device like /dev/null
+    (TMP_PATH/fakenull)."""
+    targets = [link]
+    if os.geteuid() == 0:
+        dev = tmp_path / "fakenull"
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append(dev)
+    return targets
+
+
 def pyenv_python(version: str, how: str) -> str:
     """A Python VERSION ("3.8") interpreter: one pyenv keeps (its shim fails when VERSION is not selected), or on
     PATH; missing (HOW says how to get one) when there is none."""
@@ -153,6 +165,18 @@ def prose_lines(text: str):
             continue
         if not fenced:
             yield line
+
+
+def h2_sections(text: str) -> dict:
+    """Map each H2 heading of markdown TEXT (outside fenced code) to the text under it."""
+    out, current = {}, None
+    for line in prose_lines(text):
+        if line.startswith("## "):
+            current = line.strip()
+            out[current] = []
+        elif current:
+            out[current].append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
 
 
 def imported_modules(path) -> set:
@@ -502,15 +526,20 @@ def _sshd(request, factory_name, lock):
             lock.release()
 
 
+def _start_under_lock(lock, start, tmp_path_factory, name):
+    """START(a fresh folder NAME) under LOCK held shared: its readiness probe opens a session."""
+    took = lock.hold(fcntl.LOCK_SH)
+    try:
+        return start(tmp_path_factory.mktemp(name))
+    finally:
+        if took:
+            lock.release()
+
+
 @pytest.fixture(scope="session")
 def _sshd_server_session(tmp_path_factory, _ssh_host_lock):
     from sshd_fixture import start_sshd
-    took = _ssh_host_lock.hold(fcntl.LOCK_SH)      # its readiness probe opens a session
-    try:
-        server = start_sshd(tmp_path_factory.mktemp("sshd"))
-    finally:
-        if took:
-            _ssh_host_lock.release()
+    server = _start_under_lock(_ssh_host_lock, start_sshd, tmp_path_factory, "sshd")
     yield server
     server.stop()
 
@@ -518,12 +547,7 @@ def _sshd_server_session(tmp_path_factory, _ssh_host_lock):
 @pytest.fixture(scope="session")
 def _bare_node_sshd_session(tmp_path_factory, _ssh_host_lock):
     from sshd_fixture import start_bare_sshd
-    took = _ssh_host_lock.hold(fcntl.LOCK_SH)      # its readiness probe opens a session
-    try:
-        server = start_bare_sshd(tmp_path_factory.mktemp("bare-sshd"))
-    finally:
-        if took:
-            _ssh_host_lock.release()
+    server = _start_under_lock(_ssh_host_lock, start_bare_sshd, tmp_path_factory, "bare-sshd")
     yield server
     server.stop()
 

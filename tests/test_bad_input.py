@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAPTOP_LIBRARIES, REPO, need_root, pyenv_python
+from conftest import LAPTOP_LIBRARIES, REPO, link_and_device, need_root, pyenv_python
 
 PY = sys.executable
 # Variables a developer's shell may carry that would change what the scripts read.
@@ -501,11 +501,7 @@ def test_finding_5_manifest_out_never_replaces_a_device_or_a_symlink(tmp_path):
     (res_dir / "metrics.json").write_text('{"loss": 0.5}')
     link = tmp_path / "fakestdout"
     link.symlink_to("/proc/self/fd/1")
-    targets = [link]
-    if os.geteuid() == 0:
-        dev = tmp_path / "fakenull"
-        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        targets.append(dev)
+    targets = link_and_device(tmp_path, link)
     for target in targets:
         res = subprocess.run([PY, str(REPO / "scripts/node/build_pull_manifest.py"), "--root", str(res_dir),
                               "--roster", "**", "--out", str(target)], capture_output=True, text=True, timeout=60)

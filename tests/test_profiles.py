@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS, need_module, prose_lines as prose
+from conftest import NODE, REPO, SCRIPTS, TOOLS, h2_sections, need_module, prose_lines as prose
 
 PROFILES = REPO / "profiles"
 BUILDER = TOOLS / "build_profile_index.py"
@@ -64,14 +64,7 @@ def body(pid: str) -> str:
 
 def sections(pid: str) -> dict:
     """Map each H2 heading to the text under it."""
-    out, current = {}, None
-    for line in prose(body(pid)):
-        if line.startswith("## "):
-            current = line.strip()
-            out[current] = []
-        elif current:
-            out[current].append(line)
-    return {k: "\n".join(v) for k, v in out.items()}
+    return h2_sections(body(pid))
 
 
 def validator():
