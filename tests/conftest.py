@@ -189,9 +189,10 @@ def imported_modules(path) -> set:
             names.add(node.module.split(".")[0])
     return names
 
-def webhook():
-    """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard, in order); the caller ends
-    it with server.shutdown() and server.server_close(). It answers every POST 200."""
+def webhook(answer=200, read=json.loads):
+    """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard, in order, each as READ
+    makes it); the caller ends it with server.shutdown() and server.server_close(). It answers every POST
+    ANSWER."""
     import http.server
     import threading
     heard = []
@@ -201,8 +202,8 @@ def webhook():
             pass
 
         def do_POST(self):
-            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
-            self.send_response(200)
+            heard.append(read(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            self.send_response(answer)
             self.send_header("Content-Length", "0")
             self.end_headers()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
