@@ -142,6 +142,20 @@ def link_and_device(tmp_path, link) -> list:
     return targets
 
 
+def tiny_tmpfs(point):
+    """POINT, made, with a 4 MiB tmpfs of 200 inodes mounted on it: a real filesystem under the toolkit's inode
+    floor (root only; the caller unmounts it)."""
+    need_root("mounting a tmpfs")
+    need("mount")
+    point.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(point)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        missing("cannot mount a tmpfs here (a container needs CAP_SYS_ADMIN: docker run --privileged): "
+                + res.stderr.strip())
+    return point
+
+
 def pyenv_python(version: str, how: str) -> str:
     """A Python VERSION ("3.8") interpreter: one pyenv keeps (its shim fails when VERSION is not selected), or on
     PATH; missing (HOW says how to get one) when there is none."""
