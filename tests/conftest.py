@@ -14,12 +14,14 @@ no other SSH session (the dead-man's SSH wait) take an exclusive lock that every
 Leftovers. When the session ends, any process still running from this session's temp dirs (an armed
 dead-man, a supervisor, a job, a tmux server) is listed, killed by pid and the run fails.
 """
+import ast
 import fcntl
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -113,9 +115,98 @@ def wait_for(predicate, timeout=30.0, step=0.05, what=None):
     return value
 
 
-def webhook():
-    """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard, in order); the caller ends
-    it with server.shutdown() and server.server_close(). It answers every POST 200."""
+def run_no_traceback(argv, timeout=300, **kw):
+    """subprocess.run of ARGV (each word str()-ed), text captured; fails the test on a Python traceback."""
+    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res
+
+
+def proc_state(pid):
+    """None when gone; else the state letter (a 'Z' entry counts as dead)."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def link_and_device(tmp_path, link) -> list:
+    """The targets an output writer must refuse: LINK and, as root, a character device like /dev/null
+    (TMP_PATH/fakenull)."""
+    targets = [link]
+    if os.geteuid() == 0:
+        dev = tmp_path / "fakenull"
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append(dev)
+    return targets
+
+
+def tiny_tmpfs(point):
+    """POINT, made, with a 4 MiB tmpfs of 200 inodes mounted on it: a real filesystem under the toolkit's inode
+    floor (root only; the caller unmounts it)."""
+    need_root("mounting a tmpfs")
+    need("mount")
+    point.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(point)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        missing("cannot mount a tmpfs here (a container needs CAP_SYS_ADMIN: docker run --privileged): "
+                + res.stderr.strip())
+    return point
+
+
+def pyenv_python(version: str, how: str) -> str:
+    """A Python VERSION ("3.8") interpreter: one pyenv keeps (its shim fails when VERSION is not selected), or on
+    PATH; missing (HOW says how to get one) when there is none."""
+    import glob
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = sorted(glob.glob(os.path.join(root, "versions", version + "*", "bin", "python" + version)))
+    path = found[-1] if found else shutil.which("python" + version)
+    want = tuple(int(part) for part in version.split("."))
+    if not path or subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == %r" % (want,)],
+                                  capture_output=True).returncode != 0:
+        missing("python%s is not installed (%s)" % (version, how))
+    return path
+
+
+def prose_lines(text: str):
+    """The lines of markdown TEXT outside fenced code blocks."""
+    fenced = False
+    for line in text.splitlines():
+        if re.match(r"^\s*(```|~~~)", line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield line
+
+
+def h2_sections(text: str) -> dict:
+    """Map each H2 heading of markdown TEXT (outside fenced code) to the text under it."""
+    out, current = {}, None
+    for line in prose_lines(text):
+        if line.startswith("## "):
+            current = line.strip()
+            out[current] = []
+        elif current:
+            out[current].append(line)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def imported_modules(path) -> set:
+    """The top-level module names PATH imports anywhere in its body (top level or inside a function)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+def webhook(answer=200, read=json.loads):
+    """A JSON webhook receiver on 127.0.0.1 -> (server, list of the bodies it heard, in order, each as READ
+    makes it); the caller ends it with server.shutdown() and server.server_close(). It answers every POST
+    ANSWER."""
     import http.server
     import threading
     heard = []
@@ -125,8 +216,8 @@ def webhook():
             pass
 
         def do_POST(self):
-            heard.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
-            self.send_response(200)
+            heard.append(read(self.rfile.read(int(self.headers.get("Content-Length") or 0))))
+            self.send_response(answer)
             self.send_header("Content-Length", "0")
             self.end_headers()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
@@ -304,6 +395,12 @@ def py() -> str:
 
 
 @pytest.fixture
+def one_toolkit_version(monkeypatch):
+    """Other helpers edit scripts/node while a test runs; the version stamp is not what is tested there."""
+    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
+
+
+@pytest.fixture
 def box(tmp_path):
     """A temporary node (tests/node_box.py) whose runs are disarmed and killed afterwards."""
     from node_box import Box
@@ -444,15 +541,20 @@ def _sshd(request, factory_name, lock):
             lock.release()
 
 
+def _start_under_lock(lock, start, tmp_path_factory, name):
+    """START(a fresh folder NAME) under LOCK held shared: its readiness probe opens a session."""
+    took = lock.hold(fcntl.LOCK_SH)
+    try:
+        return start(tmp_path_factory.mktemp(name))
+    finally:
+        if took:
+            lock.release()
+
+
 @pytest.fixture(scope="session")
 def _sshd_server_session(tmp_path_factory, _ssh_host_lock):
     from sshd_fixture import start_sshd
-    took = _ssh_host_lock.hold(fcntl.LOCK_SH)      # its readiness probe opens a session
-    try:
-        server = start_sshd(tmp_path_factory.mktemp("sshd"))
-    finally:
-        if took:
-            _ssh_host_lock.release()
+    server = _start_under_lock(_ssh_host_lock, start_sshd, tmp_path_factory, "sshd")
     yield server
     server.stop()
 
@@ -460,12 +562,7 @@ def _sshd_server_session(tmp_path_factory, _ssh_host_lock):
 @pytest.fixture(scope="session")
 def _bare_node_sshd_session(tmp_path_factory, _ssh_host_lock):
     from sshd_fixture import start_bare_sshd
-    took = _ssh_host_lock.hold(fcntl.LOCK_SH)      # its readiness probe opens a session
-    try:
-        server = start_bare_sshd(tmp_path_factory.mktemp("bare-sshd"))
-    finally:
-        if took:
-            _ssh_host_lock.release()
+    server = _start_under_lock(_ssh_host_lock, start_bare_sshd, tmp_path_factory, "bare-sshd")
     yield server
     server.stop()
 

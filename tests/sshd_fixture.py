@@ -209,11 +209,12 @@ def start_bare_sshd(base: Path) -> SshdServer:
 from conftest import bare_node_sshd, sshd_server  # noqa: E402,F401
 
 
-def rgt(tmp_path, server, *args, timeout=300):
-    """rgt.py against SERVER (its alias gpu-box), with a node-bin and a ledger of its own under TMP_PATH."""
+def rgt(tmp_path, server, *args, timeout=300, ledger=None, env=None):
+    """rgt.py as the user runs it against the test sshd (its own node-bin and ledger under TMP_PATH)."""
     script = Path(__file__).resolve().parent.parent / "scripts" / "rgt.py"
     base = [sys.executable, str(script), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
-            "--ledger", str(tmp_path / "ledger.jsonl")]
-    env = dict(os.environ, RGT_PROFILE_INDEX="")
-    env.pop("RGT_PROFILE_INDEX")
-    return subprocess.run(base + list(args), capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
+            "--ledger", str(ledger or tmp_path / "ledger.jsonl")]
+    env = dict(env or os.environ)
+    env.pop("RGT_PROFILE_INDEX", None)
+    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path, env=env)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAPTOP_LIBRARIES, REPO, missing, need_root
+from conftest import LAPTOP_LIBRARIES, REPO, link_and_device, need_root, pyenv_python
 
 PY = sys.executable
 # Variables a developer's shell may carry that would change what the scripts read.
@@ -477,16 +477,8 @@ def test_every_script_has_three_bad_inputs():
 
 
 def python36():
-    import glob
-    import shutil
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    found = sorted(glob.glob(os.path.join(root, "versions", "3.6*", "bin", "python3.6")))
-    path = found[-1] if found else shutil.which("python3.6")
-    if not path or subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == (3, 6)"],
-                                  capture_output=True).returncode != 0:
-        missing("python3.6 is not installed (pyenv install 3.6.15, or put any python3.6 on PATH; the GitHub "
-                "workflow takes one from conda-forge)")
-    return path
+    return pyenv_python("3.6", "pyenv install 3.6.15, or put any python3.6 on PATH; the GitHub workflow takes one "
+                               "from conda-forge")
 
 
 @pytest.mark.parametrize("script", ["scripts/node/build_pull_manifest.py", "scripts/node/node_probe.py",
@@ -509,11 +501,7 @@ def test_finding_5_manifest_out_never_replaces_a_device_or_a_symlink(tmp_path):
     (res_dir / "metrics.json").write_text('{"loss": 0.5}')
     link = tmp_path / "fakestdout"
     link.symlink_to("/proc/self/fd/1")
-    targets = [link]
-    if os.geteuid() == 0:
-        dev = tmp_path / "fakenull"
-        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        targets.append(dev)
+    targets = link_and_device(tmp_path, link)
     for target in targets:
         res = subprocess.run([PY, str(REPO / "scripts/node/build_pull_manifest.py"), "--root", str(res_dir),
                               "--roster", "**", "--out", str(target)], capture_output=True, text=True, timeout=60)

@@ -198,13 +198,20 @@ def test_routing_gives_no_credit_for_a_file_one_link_away(tmp_path):
     assert rv.route_ranks(tmp_path, [(1, case)], body) == {"c1": 1}
 
 
-def test_reading_budget_fails_when_the_skill_body_grows(tmp_path):
+def skill_copy(tmp_path):
+    """A copy of the skill (references, profiles, scripts, examples, the eval cases) under TMP_PATH/skill, for a
+    test to edit its SKILL.md."""
     root = tmp_path / "skill"
     for sub in ("references", "profiles", "scripts", "examples"):
         shutil.copytree(REPO / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "evals").mkdir()
     for name in ("cases.jsonl", "triggers.jsonl"):
         shutil.copy(REPO / "evals" / name, root / "evals" / name)
+    return root
+
+
+def test_reading_budget_fails_when_the_skill_body_grows(tmp_path):
+    root = skill_copy(tmp_path)
     text = (REPO / "SKILL.md").read_text(encoding="utf-8")
     (root / "SKILL.md").write_text(text + "\n" + "padding the hub until it is a manual. " * 60, encoding="utf-8")
     rep = rv.evaluate(root)
@@ -228,12 +235,7 @@ def test_every_router_row_names_an_entry_point():
 
 
 def test_agent_reading_rises_when_rows_name_whole_files(tmp_path):
-    root = tmp_path / "skill"
-    for sub in ("references", "profiles", "scripts", "examples"):
-        shutil.copytree(REPO / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "evals").mkdir()
-    for name in ("cases.jsonl", "triggers.jsonl"):
-        shutil.copy(REPO / "evals" / name, root / "evals" / name)
+    root = skill_copy(tmp_path)
     text = (REPO / "SKILL.md").read_text(encoding="utf-8").replace("#index)", ")")
     (root / "SKILL.md").write_text(text, encoding="utf-8")
     rep = rv.evaluate(root)

@@ -156,16 +156,7 @@ BOOT = str(NODE / "boot_resume.py")
 DEADMAN = str(NODE / "deadman.py")
 
 
-@pytest.fixture
-def one_toolkit_version(monkeypatch):
-    """Other helpers edit scripts/node while this file runs; the version stamp is not what is tested here."""
-    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
-
-
-def run(argv, timeout=300, **kw):
-    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
-    assert "Traceback" not in res.stderr, res.stderr
-    return res
+from conftest import run_no_traceback as run  # noqa: E402
 
 
 @pytest.mark.drill("red-team findings stay fixed")

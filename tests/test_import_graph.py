@@ -3,18 +3,7 @@ a laptop one (the node gets scripts/node only). Imports are read with ast at eve
 inside functions alike: a lazy import is still an edge. scripts/*.py (the laptop's) has a test of its own."""
 import ast
 
-from conftest import NODE, SCRIPTS
-
-
-def imports(path):
-    """The top-level module names PATH imports anywhere in its body."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    return names
+from conftest import NODE, SCRIPTS, imported_modules as imports
 
 
 def node_graph(folder=NODE):

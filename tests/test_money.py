@@ -2,7 +2,6 @@
 
 Findings: redteam-2026-12-05-laptop.md L2-L5, L7, L8; design-review-2026-12-05.md D5; field test N11, N15.
 """
-import ast
 import json
 import os
 import subprocess
@@ -10,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS
+from conftest import NODE, SCRIPTS, TOOLS, imported_modules
 sys.path.insert(0, str(TOOLS))
 from provider_standins import LIST_FAULTS, Instance, StandIn, Volume  # noqa: E402
 
@@ -199,13 +198,7 @@ def test_finding_field_N11_money_keeps_the_precision_it_needs():
 
 def imports_of(path, names):
     """The modules among NAMES that PATH imports anywhere (top level or inside a function)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module.split(".")[0])
-    return found & names
+    return imported_modules(path) & names
 
 
 def import_cycles(folders):

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, missing, need, need_root
+from conftest import NODE, SCRIPTS, TOOLS, need_root, tiny_tmpfs
 
 PROBE = NODE / "node_probe.py"
 
@@ -370,14 +370,7 @@ def test_na_utilisation_prints_n_a_not_none(tmp_path):
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 4 MiB tmpfs with 200 inodes: a real filesystem under the toolkit's inode floor (root only)."""
-    need_root("mounting a tmpfs")
-    need("mount")
-    point = tmp_path / "tiny"
-    point.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(point)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        missing("cannot mount a tmpfs here (a container needs CAP_SYS_ADMIN): %s" % res.stderr.strip())
+    point = tiny_tmpfs(tmp_path / "tiny")
     yield point
     subprocess.run(["umount", str(point)], capture_output=True)
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import NODE, SCRIPTS, TOOLS, need, untouched
+from conftest import NODE, SCRIPTS, TOOLS, link_and_device, need, proc_state, untouched
 
 SHELL_SCRIPTS = ["gpu_health.sh", "mem_monitor.sh", "reap_vram_zombies.sh", "setup-china-mirrors.sh"]
 FETCH = NODE / "fetch_resumable.py"
@@ -232,15 +232,6 @@ os.close(w)
 os.waitpid(pid, 0)
 print(os.read(r, 64).decode())
 """
-
-
-def proc_state(pid):
-    """None when gone; else the state letter (a 'Z' entry counts as dead)."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def is_alive(pid):
@@ -713,11 +704,7 @@ def test_finding_5_fetch_never_replaces_a_symlink_or_a_device(tmp_path, blob, se
     real.write_bytes(b"keep")
     link = tmp_path / "link.bin"
     link.symlink_to(real)
-    targets = [link]
-    if os.geteuid() == 0:
-        dev = tmp_path / "fakenull"
-        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        targets.append(dev)
+    targets = link_and_device(tmp_path, link)
     for target in targets:
         for extra in ([], ["--force"]):
             proc = subprocess.run([sys.executable, str(FETCH), srv.url, "--out", str(target), *extra],

@@ -3,7 +3,6 @@
 Every drill runs the real processes: the dead-man as a subprocess, a real supervisor through run_one.sh, the boot
 sweep and notify.py as the box runs them."""
 import calendar
-import http.server
 import json
 import os
 import pwd
@@ -13,11 +12,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-from conftest import NODE, pid_alive, wait_for
+from conftest import NODE, pid_alive, wait_for, webhook
 from conftest import read_json as read
 from test_deadman import deadman, open_idle_session, procs, stand_in  # noqa: F401  (procs: a fixture)
 
@@ -29,20 +27,7 @@ POLL = "0.05"
 
 def failing_hook():
     """A webhook that answers 500 to every POST (a passing failure: the message is for the spool)."""
-    heard = []
-
-    class Hook(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_POST(self):
-            heard.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-            self.send_response(500)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, heard
+    return webhook(answer=500, read=bytes)
 
 
 def notify_config(tmp_path, url, **extra):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, need_module
+from conftest import REPO, h2_sections as sections, need_module, prose_lines
 
 PROFILES = REPO / "profiles"
 SKIP = object()  # a table cell that is not a plain survival value
@@ -64,27 +64,6 @@ def split_profile(text: str):
     assert lines and lines[0].strip() == "---", "no frontmatter"
     end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
     return yaml.safe_load("\n".join(lines[1:end])), "\n".join(lines[end + 1:])
-
-
-def prose_lines(body: str):
-    fenced = False
-    for line in body.splitlines():
-        if re.match(r"^\s*(```|~~~)", line):
-            fenced = not fenced
-            continue
-        if not fenced:
-            yield line
-
-
-def sections(body: str) -> dict:
-    out, current = {}, None
-    for line in prose_lines(body):
-        if line.startswith("## "):
-            current = line.strip()
-            out[current] = []
-        elif current:
-            out[current].append(line)
-    return {k: "\n".join(v) for k, v in out.items()}
 
 
 def section(body: str, number: int) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS, need_module
+from conftest import NODE, REPO, SCRIPTS, TOOLS, h2_sections, need_module, prose_lines as prose
 
 PROFILES = REPO / "profiles"
 BUILDER = TOOLS / "build_profile_index.py"
@@ -62,27 +62,9 @@ def body(pid: str) -> str:
     return text.split("\n---\n", 1)[1]
 
 
-def prose(text: str):
-    """Lines outside fenced code blocks."""
-    fenced = False
-    for line in text.splitlines():
-        if re.match(r"^\s*(```|~~~)", line):
-            fenced = not fenced
-            continue
-        if not fenced:
-            yield line
-
-
 def sections(pid: str) -> dict:
     """Map each H2 heading to the text under it."""
-    out, current = {}, None
-    for line in prose(body(pid)):
-        if line.startswith("## "):
-            current = line.strip()
-            out[current] = []
-        elif current:
-            out[current].append(line)
-    return {k: "\n".join(v) for k, v in out.items()}
+    return h2_sections(body(pid))
 
 
 def validator():

@@ -941,14 +941,7 @@ import fcntl  # noqa: E402
 RGT = SCRIPTS / "rgt.py"
 
 
-def rgt(tmp_path, server, *args, ledger=None, env=None, timeout=300):
-    """rgt.py as the user runs it against the test sshd (its own node-bin and ledger under TMP_PATH)."""
-    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
-            "--ledger", str(ledger or tmp_path / "ledger.jsonl")]
-    env = dict(env or os.environ)
-    env.pop("RGT_PROFILE_INDEX", None)
-    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path, env=env)
+from sshd_fixture import rgt  # noqa: E402
 
 
 def rows(path):

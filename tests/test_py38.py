@@ -2,13 +2,12 @@
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, missing
+from conftest import REPO, pyenv_python
 
 # Every Python file of the node toolkit (found, not listed, so a new tool is covered) and the example.
 NODE_SIDE = sorted(str(p.relative_to(REPO)) for p in (REPO / "scripts" / "node").glob("*.py")) + [
@@ -21,15 +20,8 @@ SIBLINGS = {p.stem for p in (REPO / "scripts" / "node").glob("*.py")}  # the cor
 
 def py38():
     """A Python 3.8 interpreter: on PATH, or one pyenv keeps (its shim fails when 3.8 is not selected)."""
-    import glob
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    found = sorted(glob.glob(os.path.join(root, "versions", "3.8*", "bin", "python3.8")))
-    path = found[-1] if found else shutil.which("python3.8")
-    if not path or subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
-                                  capture_output=True).returncode != 0:
-        missing("python3.8 is not installed (pyenv install 3.8.18, or put any python3.8 on PATH; the GitHub "
-                "workflow installs one with actions/setup-python)")
-    return path
+    return pyenv_python("3.8", "pyenv install 3.8.18, or put any python3.8 on PATH; the GitHub workflow installs "
+                               "one with actions/setup-python")
 
 
 @pytest.mark.parametrize("script", NODE_SIDE)

@@ -2,63 +2,13 @@
 where pulls and the ledger land, and the lifecycle's `rgt.py launch` with the 143 hint (newcomer findings,
 field R16).
 """
-import json
 import os
-import shutil
 import subprocess
 import sys
 
-import pytest
-
 from conftest import NODE, REPO, SCRIPTS
-
-
-RGT = SCRIPTS / "rgt.py"
-
-
-# ---------------------------------------------------------------- over the real sshd
-
-def rgt(tmp_path, server, *args, timeout=300, ledger=None, env=None):
-    """rgt.py as the user runs it against the test sshd (its own node-bin and ledger under TMP_PATH)."""
-    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
-            "--ledger", str(ledger or tmp_path / "ledger.jsonl")]
-    env = dict(env or os.environ)
-    env.pop("RGT_PROFILE_INDEX", None)
-    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path, env=env)
-
-
-def end_runs(durable):
-    """Disarm every dead-man of the runs under DURABLE and end their processes, by recorded pid only."""
-    sys.path.insert(0, str(NODE))
-    import rgt_core
-    import signal
-    for run_dir in sorted((durable / "runs").glob("*")) if (durable / "runs").is_dir() else []:
-        subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(run_dir), "--disarm"],
-                       capture_output=True, timeout=60)
-        for name in ("status.json", "deadman.json"):
-            try:
-                doc = json.loads((run_dir / name).read_text())
-            except (OSError, ValueError):
-                continue
-            for pid_key, ident_key in (("job_pid", "job_identity"), ("supervisor_pid", "supervisor_identity"),
-                                       ("pid", "identity")):
-                pid = doc.get(pid_key)
-                if isinstance(pid, int) and rgt_core.record_alive(doc.get(ident_key), pid):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-        if shutil.which("tmux"):
-            subprocess.run(["tmux", "-L", "rgt-" + run_dir.name.replace(".", "_"), "kill-server"],
-                           capture_output=True)
-
-
-@pytest.fixture
-def durable(tmp_path):
-    folder = tmp_path / "durable"
-    yield folder
-    end_runs(folder)
+from laptop_fixture import durable  # noqa: F401
+from sshd_fixture import rgt
 
 
 # ---------------------------------------------------------------- newcomer 1, 2: the README's walk-through

@@ -344,16 +344,7 @@ def test_finding_laptop_L11_a_newline_in_the_run_dir_name_never_becomes_a_comman
 PY = sys.executable
 
 
-@pytest.fixture
-def one_toolkit_version(monkeypatch):
-    """Other helpers edit scripts/node while this file runs; the version stamp is not what is tested here."""
-    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
-
-
-def run(argv, timeout=300, **kw):
-    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
-    assert "Traceback" not in res.stderr, res.stderr
-    return res
+from conftest import run_no_traceback as run  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- repro.py

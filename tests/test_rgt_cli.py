@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from conftest import NODE, SCRIPTS, end_runs_under, need, path_without, wait_for
-from sshd_fixture import rgt
+from laptop_fixture import durable  # noqa: F401
+from sshd_fixture import rgt, rgt as run_rgt
 
 RGT = SCRIPTS / "rgt.py"
 
@@ -343,16 +344,6 @@ def test_finding_laptop_14_and_review_B4_launch_without_a_durable_dir_says_pass_
 
 # ---------------------------------------------------------------- over the real sshd
 
-def run_rgt(tmp_path, server, *args, timeout=300, ledger=None, env=None):
-    """rgt.py as the user runs it against the test sshd (its own node-bin and ledger under TMP_PATH)."""
-    base = [sys.executable, str(RGT), "--ssh-config", str(server.config), "--node-dir", str(tmp_path / "node-bin"),
-            "--ledger", str(ledger or tmp_path / "ledger.jsonl")]
-    env = dict(env or os.environ)
-    env.pop("RGT_PROFILE_INDEX", None)
-    return subprocess.run(base + list(map(str, args)), capture_output=True, text=True, timeout=timeout,
-                          cwd=tmp_path, env=env)
-
-
 def state_of(tmp_path, server, rid, **kw):
     res = run_rgt(tmp_path, server, "--json", "status", "gpu-box", rid, **kw)
     try:
@@ -398,39 +389,6 @@ def test_finding_field_R9_resume_names_the_durable_copy_it_will_really_use(tmp_p
     line = next(l for l in dry.stdout.splitlines() if l.startswith("resume:"))
     assert "verified durable copy %s" % (durable / "results" / "r9" / "ckpt" / "state.txt") in line, line
     assert (work / "ckpt" / "state.txt").read_bytes() == b""  # a dry run puts nothing back
-
-
-def end_runs(durable):
-    """Disarm every dead-man of the runs under DURABLE and end their processes, by recorded pid only."""
-    sys.path.insert(0, str(NODE))
-    import rgt_core
-    import signal
-    for run_dir in sorted((durable / "runs").glob("*")) if (durable / "runs").is_dir() else []:
-        subprocess.run([sys.executable, str(NODE / "deadman.py"), "ack", "--run-dir", str(run_dir), "--disarm"],
-                       capture_output=True, timeout=60)
-        for name in ("status.json", "deadman.json"):
-            try:
-                doc = json.loads((run_dir / name).read_text())
-            except (OSError, ValueError):
-                continue
-            for pid_key, ident_key in (("job_pid", "job_identity"), ("supervisor_pid", "supervisor_identity"),
-                                       ("pid", "identity")):
-                pid = doc.get(pid_key)
-                if isinstance(pid, int) and rgt_core.record_alive(doc.get(ident_key), pid):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-        if shutil.which("tmux"):
-            subprocess.run(["tmux", "-L", "rgt-" + run_dir.name.replace(".", "_"), "kill-server"],
-                           capture_output=True)
-
-
-@pytest.fixture
-def durable(tmp_path):
-    folder = tmp_path / "durable"
-    yield folder
-    end_runs(folder)
 
 
 def test_finding_laptop_1_the_gate_refuses_while_a_resumed_attempt_runs(tmp_path, sshd_server, durable):  # noqa: F811

@@ -2,31 +2,19 @@
 credential. Real git projects (tests/repro_fixture.py). Each test was a red-team finding (round 3).
 """
 import json
-import subprocess
 import sys
 
 import pytest
 
-from conftest import NODE
+from conftest import NODE, run_no_traceback as run
 from repro_fixture import git
 
-pytestmark = pytest.mark.drill("red-team findings stay fixed")   # every test here is a finding
+pytestmark = [pytest.mark.drill("red-team findings stay fixed"),   # every test here is a finding
+              pytest.mark.usefixtures("one_toolkit_version")]
 
 
 PY = sys.executable
 RUN_ENV = str(NODE / "run_env.py")
-
-
-@pytest.fixture(autouse=True)
-def one_toolkit_version(monkeypatch):
-    """Other helpers edit scripts/node while this file runs; the version stamp is not what is tested here."""
-    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
-
-
-def run(argv, timeout=300, **kw):
-    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
-    assert "Traceback" not in res.stderr, res.stderr
-    return res
 
 
 # ---------------------------------------------------------------------------------------------- run_env.py

@@ -469,16 +469,7 @@ def test_finding_field_N8_diff_counts_only_the_knob_not_the_command_line_outputs
 PY = sys.executable
 
 
-@pytest.fixture
-def one_toolkit_version(monkeypatch):
-    """Other helpers edit scripts/node while this file runs; the version stamp is not what is tested here."""
-    monkeypatch.setenv("RGT_SKIP_VERSION_CHECK", "1")
-
-
-def run(argv, timeout=300, **kw):
-    res = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
-    assert "Traceback" not in res.stderr, res.stderr
-    return res
+from conftest import run_no_traceback as run  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- run_forensics.py

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NODE, REPO, SCRIPTS, TOOLS, kill_group_of, missing, need, need_root, wait_for
+from conftest import NODE, REPO, SCRIPTS, TOOLS, kill_group_of, need, proc_state, tiny_tmpfs, wait_for
 
 QUEUE = NODE / "run_queue.sh"
 TRAIN = REPO / "examples" / "train_resumable.py"
@@ -246,14 +246,6 @@ def test_shellcheck_clean():
 
 # ---------------------------------------------------------------- finding 4: the cell's whole process tree
 
-def proc_state(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
 def alive(pid):
     return proc_state(pid) not in (None, "Z")
 
@@ -383,14 +375,7 @@ def test_json_stays_valid_for_hostile_commands(tmp_path):
 
 def test_disk_gate_uses_the_toolkits_inode_floor(tmp_path):
     """A real filesystem with 200 inodes: refused by the one inode floor (10,000) unless --inode-floor says."""
-    need_root("mounting a tmpfs")
-    tiny = tmp_path / "tiny"
-    tiny.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=200", "tmpfs", str(tiny)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        missing("cannot mount a tmpfs here (a container needs CAP_SYS_ADMIN: docker run --privileged): "
-                + res.stderr.strip())
+    tiny = tiny_tmpfs(tmp_path / "tiny")
     try:
         write_queue(tmp_path / "q.txt", ["touch ran.txt"])
         e = env()

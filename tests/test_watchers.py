@@ -105,15 +105,20 @@ def test_finding_node_A9_a_stop_that_stops_nothing_is_not_confirmed_retried_and_
     assert "STOP NOT CONFIRMED" in out.stdout, out.stdout + out.stderr
 
 
+def mounted_tmpfs(folder, size):
+    """FOLDER, made and with a tmpfs of SIZE mounted on it (the caller unmounts it); missing unless root can mount."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        missing("the full-disk drill mounts a tmpfs: run the tests as root (CI does)")
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size, "tmpfs", str(folder)]).returncode != 0:
+        missing("mount -t tmpfs failed here (a container without CAP_SYS_ADMIN)")
+    return folder
+
+
 @pytest.mark.drill("full disk during grace: stop still runs")
 def test_finding_review_B1_a_full_durable_disk_never_keeps_the_stop_from_running(tmp_path):
     """The run dir on a 1 MiB tmpfs, filled to the last byte before the dead-man fires: it still stops."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        missing("the full-disk drill mounts a tmpfs: run the tests as root (CI does)")
-    mnt = tmp_path / "durable"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode != 0:
-        missing("mount -t tmpfs failed here (a container without CAP_SYS_ADMIN)")
+    mnt = mounted_tmpfs(tmp_path / "durable", "1m")
     try:
         stop, calls = stand_in(tmp_path)                     # outside the full disk, like a platform CLI
         run = finished_run(mnt)
@@ -598,12 +603,7 @@ def test_a_real_launch_whose_shebang_less_stop_stops_nothing_escalates(tmp_path)
 def test_a_real_launch_on_a_durable_disk_the_job_fills_still_stops_the_meter(tmp_path):
     """The job fills the durable disk (a 2 MiB tmpfs) and exits 0: the sync fails, and the dead-man, whose run
     dir is on that full disk, still runs the stop after its grace."""
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        missing("the full-disk drill mounts a tmpfs: run the tests as root (CI does)")
-    durable = tmp_path / "durable"
-    durable.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(durable)]).returncode != 0:
-        missing("mount -t tmpfs failed here (a container without CAP_SYS_ADMIN)")
+    durable = mounted_tmpfs(tmp_path / "durable", "2m")
     try:
         stop, calls = stand_in(tmp_path)
         work = tmp_path / "work"
